@@ -1,0 +1,109 @@
+//! Builds the WebAssembly plugins (the built-ins, which the hub embeds, plus
+//! the example and test plugins the tests load) with a nested cargo
+//! invocation for `wasm32-wasip2`, in its own target directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Built-in plugins, embedded in the hub in this order.
+const BUILTINS: [&str; 8] = [
+    "jobset",
+    "torch",
+    "mpi",
+    "plainml",
+    "jax",
+    "xgboost",
+    "coscheduling",
+    "volcano",
+];
+/// Other components the tests and examples load from disk.
+const EXTRA: [&str; 4] = [
+    "acme-plugin",
+    "trainhub-test-plugin-misbehaving",
+    "trainhub-test-plugin-uses-fs",
+    "trainhub-test-plugin-uses-net",
+];
+
+fn main() {
+    let manifest =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let workspace = manifest
+        .parent()
+        .expect("hub/ is inside the workspace")
+        .to_path_buf();
+    for watched in [
+        "wit",
+        "sdk-plugin",
+        "plugins",
+        "hub/api/src",
+        "hub/api/Cargo.toml",
+        "examples/acme-plugin",
+        "tests/plugins",
+        "Cargo.lock",
+    ] {
+        println!(
+            "cargo:rerun-if-changed={}",
+            workspace.join(watched).display()
+        );
+    }
+    println!("cargo:rerun-if-env-changed=TRAINHUB_WASM_TARGET_DIR");
+
+    let target_dir = std::env::var_os("TRAINHUB_WASM_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target").join("wasm-plugins"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&workspace)
+        .args(["build", "--profile", "plugin", "--target", "wasm32-wasip2"])
+        .env("CARGO_TARGET_DIR", &target_dir);
+    // Flags and wrappers of the outer (host) build must not leak into the wasm build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_BUILD_TARGET",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+    ] {
+        cmd.env_remove(var);
+    }
+    for name in BUILTINS {
+        cmd.args(["-p", &format!("trainhub-plugin-{name}")]);
+    }
+    for package in EXTRA {
+        cmd.args(["-p", package]);
+    }
+    let status = cmd
+        .status()
+        .expect("running cargo to build the wasm plugins");
+    if !status.success() {
+        panic!(
+            "building the wasm plugins failed (see the cargo output above); is the wasm32-wasip2 target installed? `rustup target add wasm32-wasip2`"
+        );
+    }
+
+    let wasm_dir = target_dir.join("wasm32-wasip2").join("plugin");
+    println!("cargo:rustc-env=TRAINHUB_WASM_DIR={}", wasm_dir.display());
+    let mut generated = String::from(
+        "/// Built-in plugin components: (name, wasm bytes).\npub const BUILTIN_COMPONENTS: &[(&str, &[u8])] = &[\n",
+    );
+    for name in BUILTINS {
+        let file = wasm_dir.join(format!("trainhub_plugin_{name}.wasm"));
+        assert!(file.exists(), "missing {}", file.display());
+        generated.push_str(&format!(
+            "    ({name:?}, include_bytes!({:?})),\n",
+            file.display().to_string()
+        ));
+    }
+    generated.push_str("];\n");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    write_if_changed(&out.join("builtin_components.rs"), &generated);
+}
+
+fn write_if_changed(path: &Path, contents: &str) {
+    if std::fs::read_to_string(path).ok().as_deref() != Some(contents) {
+        std::fs::write(path, contents).expect("writing generated file");
+    }
+}

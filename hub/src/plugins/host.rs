@@ -1,0 +1,541 @@
+//! The wasmtime sandbox that runs pipeline plugins.
+//!
+//! One [`Engine`] per hub. A component is compiled once per sha256 digest
+//! (kept in memory by moka, and on disk by wasmtime's cache so a restart
+//! reuses the machine code) and pre-linked into an `InstancePre`. Every call
+//! gets a fresh [`Store`]: no state leaks between TrainJobs, and a plugin that
+//! traps, loops or exhausts its memory fails that call only.
+//!
+//! Capabilities are denied by default. The only imports satisfied are the
+//! `trainhub:plugin/host` interface and the inert parts of WASI that Rust's
+//! standard library links into every `wasm32-wasip2` component: an empty
+//! environment, an empty stdin, stdout/stderr captured into the hub's log
+//! (bounded), `exit`, which ends the call, and `random/insecure-seed`, which
+//! std uses to seed `HashMap` hashing. A component importing anything else
+//! (filesystem, sockets, clocks, secure random, HTTP ...) is refused at load.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+use trainhub_plugin_sdk as sdk;
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine, ResourceLimiter, Store};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::bindings::{self, Level, PluginPre, wit};
+use super::convert::Convert;
+use super::{Phase, PluginError, PluginId};
+
+/// Epoch ticks per second: the deadline's resolution is 10 ms.
+const TICK: Duration = Duration::from_millis(10);
+/// Bytes of a plugin's stdout/stderr kept per call.
+const STDIO_CAPTURE: usize = 64 * 1024;
+/// Upper bound on one `random-bytes` request.
+const MAX_RANDOM_BYTES: u32 = 4096;
+
+/// Interfaces a plugin may import, by name without version. Everything else
+/// is refused at load.
+const GRANTED_IMPORTS: &[&str] = &[
+    "trainhub:plugin/types",
+    "trainhub:plugin/host",
+    // Linked by Rust's std into every wasm32-wasip2 component; satisfied inertly.
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    // Seeds std's HashMap hashing; not a source of secure randomness.
+    "wasi:random/insecure-seed",
+];
+
+/// Resource limits of one plugin's calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Wall-clock budget of one call.
+    pub deadline: Duration,
+    /// Linear memory cap of one call's instance, in bytes.
+    pub memory: usize,
+}
+
+impl Default for Limits {
+    /// One second and 64 MiB.
+    fn default() -> Self {
+        Limits {
+            deadline: Duration::from_secs(1),
+            memory: 64 << 20,
+        }
+    }
+}
+
+/// Host-wide settings.
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    /// Where compiled machine code is kept across restarts; `None` keeps it
+    /// in memory only.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// The plugin sandbox: one engine, compiled components by digest.
+pub struct Host {
+    engine: Engine,
+    linker: Arc<Linker<CallState>>,
+    compiled: moka::sync::Cache<[u8; 32], Component>,
+    ticker: Arc<AtomicBool>,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.ticker.store(false, Ordering::Relaxed);
+    }
+}
+
+impl Host {
+    pub fn new(config: &HostConfig) -> Result<Self, PluginError> {
+        let mut wasm = Config::new();
+        wasm.wasm_component_model(true)
+            .epoch_interruption(true)
+            .cranelift_opt_level(wasmtime::OptLevel::Speed);
+        if let Some(dir) = &config.cache_dir {
+            let mut cache = wasmtime::CacheConfig::new();
+            cache.with_directory(dir);
+            let cache = wasmtime::Cache::new(cache).map_err(|e| {
+                PluginError::Host(format!("compilation cache {}: {e}", dir.display()))
+            })?;
+            wasm.cache(Some(cache));
+        }
+        let engine =
+            Engine::new(&wasm).map_err(|e| PluginError::Host(format!("wasmtime engine: {e}")))?;
+
+        let mut linker = Linker::new(&engine);
+        bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
+            .map_err(|e| PluginError::Host(format!("linking host interface: {e}")))?;
+        add_inert_wasi(&mut linker)
+            .map_err(|e| PluginError::Host(format!("linking inert WASI: {e}")))?;
+
+        let ticker = Arc::new(AtomicBool::new(true));
+        let weak = engine.weak();
+        let running = ticker.clone();
+        std::thread::Builder::new()
+            .name("plugin-epoch".into())
+            .spawn(move || {
+                while running.load(Ordering::Relaxed) {
+                    std::thread::sleep(TICK);
+                    match weak.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| PluginError::Host(format!("epoch thread: {e}")))?;
+
+        Ok(Host {
+            engine,
+            linker: Arc::new(linker),
+            compiled: moka::sync::Cache::new(256),
+            ticker,
+        })
+    }
+
+    /// Compiles (or finds compiled) `wasm`, checks what it imports, asks it
+    /// to describe itself and validates `settings` with it.
+    ///
+    /// `source` names the component in errors (a file name, say).
+    pub fn load(
+        &self,
+        source: &str,
+        wasm: &[u8],
+        settings: &serde_json::Value,
+        limits: Limits,
+    ) -> Result<Arc<LoadedPlugin>, PluginError> {
+        let digest: [u8; 32] = Sha256::digest(wasm).into();
+        let id = PluginId {
+            name: source.to_string(),
+            digest: format!("sha256:{}", hex::encode(digest)),
+        };
+        let component = self
+            .compiled
+            .try_get_with(digest, || {
+                Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}"))
+            })
+            .map_err(|reason| PluginError::Load {
+                plugin: id.clone(),
+                reason: format!("not a valid WebAssembly component: {reason}"),
+            })?;
+
+        let ty = component.component_type();
+        for (import, _) in ty.imports(&self.engine) {
+            let interface = import.split('@').next().unwrap_or(import);
+            if !GRANTED_IMPORTS.contains(&interface) {
+                return Err(PluginError::ForbiddenImport {
+                    plugin: id,
+                    import: import.to_string(),
+                });
+            }
+        }
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .and_then(PluginPre::new)
+            .map_err(|e| PluginError::Load {
+                plugin: id.clone(),
+                reason: format!("does not implement trainhub:plugin/plugin@0.1.0: {e:#}"),
+            })?;
+
+        let mut plugin = LoadedPlugin {
+            id,
+            descriptor: sdk::Descriptor::new("", ""),
+            settings: settings.to_string(),
+            limits,
+            pre,
+            engine: self.engine.clone(),
+        };
+        let descriptor: sdk::Descriptor = plugin
+            .call(Phase::Startup, |p, s| p.call_describe(s))?
+            .convert();
+        check_descriptor(&plugin.id, &descriptor)?;
+        plugin.id.name = descriptor.name.clone();
+        plugin.descriptor = descriptor;
+        let errors: Vec<sdk::FieldError> = plugin
+            .call(Phase::Startup, |p, s| {
+                p.call_validate_settings(s, &plugin.settings)
+            })?
+            .convert();
+        if !errors.is_empty() {
+            return Err(PluginError::Settings {
+                plugin: plugin.id,
+                errors,
+            });
+        }
+        Ok(Arc::new(plugin))
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+fn check_descriptor(id: &PluginId, d: &sdk::Descriptor) -> Result<(), PluginError> {
+    let label_ok = !d.name.is_empty()
+        && d.name.len() <= 63
+        && d.name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !d.name.starts_with('-')
+        && !d.name.ends_with('-');
+    if !label_ok {
+        return Err(PluginError::Malformed {
+            plugin: id.clone(),
+            phase: Phase::Startup,
+            detail: format!(
+                "descriptor name {:?} must be a DNS-1123 label (lower-case letters, digits, '-')",
+                d.name
+            ),
+        });
+    }
+    if d.version.is_empty() {
+        return Err(PluginError::Malformed {
+            plugin: id.clone(),
+            phase: Phase::Startup,
+            detail: "descriptor version is empty".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A loaded, validated plugin, ready to be called from any thread.
+pub struct LoadedPlugin {
+    id: PluginId,
+    descriptor: sdk::Descriptor,
+    settings: String,
+    limits: Limits,
+    pre: PluginPre<CallState>,
+    engine: Engine,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("id", &self.id)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedPlugin {
+    pub fn id(&self) -> &PluginId {
+        &self.id
+    }
+
+    pub fn descriptor(&self) -> &sdk::Descriptor {
+        &self.descriptor
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn context(&self) -> wit::Context {
+        wit::Context {
+            settings: self.settings.clone(),
+        }
+    }
+
+    /// Runs `f` against a fresh instance in a fresh store, under the plugin's
+    /// deadline and memory cap, and classifies what went wrong.
+    fn call<R>(
+        &self,
+        phase: Phase,
+        f: impl FnOnce(&bindings::Plugin, &mut Store<CallState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
+        let stdio = MemoryOutputPipe::new(STDIO_CAPTURE);
+        let wasi = WasiCtx::builder()
+            .stdout(stdio.clone())
+            .stderr(stdio.clone())
+            .build();
+        let state = CallState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryCap {
+                limit: self.limits.memory,
+                hit: false,
+            },
+            plugin: self.id.name.clone(),
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        let ticks = self
+            .limits
+            .deadline
+            .as_millis()
+            .div_ceil(TICK.as_millis())
+            .max(1);
+        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
+        store.epoch_deadline_trap();
+
+        let started = Instant::now();
+        let result = self
+            .pre
+            .instantiate(&mut store)
+            .and_then(|plugin| f(&plugin, &mut store));
+        let output = stdio.contents();
+        if !output.is_empty() {
+            tracing::info!(plugin = %self.id, %phase, output = %String::from_utf8_lossy(&output), "plugin wrote to stdio");
+        }
+        result.map_err(|error| {
+            if store.data().limiter.hit {
+                PluginError::OutOfMemory {
+                    plugin: self.id.clone(),
+                    phase,
+                    limit: self.limits.memory,
+                }
+            } else if error.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
+                PluginError::Timeout {
+                    plugin: self.id.clone(),
+                    phase,
+                    deadline: self.limits.deadline,
+                    elapsed: started.elapsed(),
+                }
+            } else {
+                let mut message = format!("{error:#}");
+                if !output.is_empty() {
+                    message.push_str(&format!(
+                        "; plugin output: {}",
+                        String::from_utf8_lossy(&output).trim()
+                    ));
+                }
+                PluginError::Trap {
+                    plugin: self.id.clone(),
+                    phase,
+                    message,
+                }
+            }
+        })
+    }
+
+    fn failed(&self, phase: Phase, failure: wit::Failure) -> PluginError {
+        PluginError::Failed {
+            plugin: self.id.clone(),
+            phase,
+            message: failure.message,
+        }
+    }
+
+    /// PreExecution: validate a TrainJob against its runtime (both JSON).
+    pub fn validate(&self, trainjob: &str, runtime: &str) -> Result<sdk::Validation, PluginError> {
+        let ctx = self.context();
+        self.call(Phase::Validate, |p, s| {
+            p.call_validate(s, &ctx, trainjob, runtime)
+        })
+        .map(Convert::convert)
+    }
+
+    pub fn enforce_ml_policy(
+        &self,
+        info: sdk::RuntimeInfo,
+        trainjob: &str,
+    ) -> Result<sdk::RuntimeInfo, PluginError> {
+        let ctx = self.context();
+        let info: wit::RuntimeInfo = info.convert();
+        self.call(Phase::EnforceMlPolicy, |p, s| {
+            p.call_enforce_ml_policy(s, &ctx, &info, trainjob)
+        })?
+        .map(Convert::convert)
+        .map_err(|f| self.failed(Phase::EnforceMlPolicy, f))
+    }
+
+    pub fn enforce_pod_group_policy(
+        &self,
+        info: sdk::RuntimeInfo,
+        trainjob: &str,
+    ) -> Result<sdk::RuntimeInfo, PluginError> {
+        let ctx = self.context();
+        let info: wit::RuntimeInfo = info.convert();
+        self.call(Phase::EnforcePodGroupPolicy, |p, s| {
+            p.call_enforce_pod_group_policy(s, &ctx, &info, trainjob)
+        })?
+        .map(Convert::convert)
+        .map_err(|f| self.failed(Phase::EnforcePodGroupPolicy, f))
+    }
+
+    /// Build: the objects for `target`, each checked to be a JSON object.
+    pub fn build(
+        &self,
+        info: &sdk::RuntimeInfo,
+        trainjob: &str,
+        target: &sdk::Target,
+    ) -> Result<Vec<String>, PluginError> {
+        let ctx = self.context();
+        let info: wit::RuntimeInfo = info.clone().convert();
+        let target: wit::Target = target.clone().convert();
+        self.call(Phase::Build, |p, s| {
+            p.call_build(s, &ctx, &info, trainjob, &target)
+        })?
+        .map_err(|f| self.failed(Phase::Build, f))
+    }
+
+    /// PostExecution: the TrainJob status JSON, if the plugin sets one.
+    pub fn status(&self, trainjob: &str, observed: &str) -> Result<Option<String>, PluginError> {
+        let ctx = self.context();
+        self.call(Phase::Status, |p, s| {
+            p.call_status(s, &ctx, trainjob, observed)
+        })?
+        .map_err(|f| self.failed(Phase::Status, f))
+    }
+}
+
+/// The store data of one call.
+struct CallState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryCap,
+    plugin: String,
+}
+
+impl WasiView for CallState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl bindings::trainhub::plugin::types::Host for CallState {}
+
+impl bindings::trainhub::plugin::host::Host for CallState {
+    fn random_bytes(&mut self, len: u32) -> Vec<u8> {
+        let mut buf = vec![0u8; len.min(MAX_RANDOM_BYTES) as usize];
+        if let Err(e) = getrandom::fill(&mut buf) {
+            // Without entropy a key would be predictable: fail loudly but do
+            // not crash the hub; the plugin sees zeroes and the log says why.
+            tracing::error!(plugin = %self.plugin, error = %e, "no entropy for plugin");
+        }
+        buf
+    }
+
+    fn log(&mut self, level: Level, message: String) {
+        match level {
+            Level::Debug => tracing::debug!(plugin = %self.plugin, "{message}"),
+            Level::Info => tracing::info!(plugin = %self.plugin, "{message}"),
+            Level::Warn => tracing::warn!(plugin = %self.plugin, "{message}"),
+        }
+    }
+}
+
+/// Caps linear memory and remembers whether the cap was hit, so an
+/// allocation failure (which Rust turns into a trap) is reported as memory
+/// exhaustion rather than as a generic trap.
+struct MemoryCap {
+    limit: usize,
+    hit: bool,
+}
+
+impl ResourceLimiter for MemoryCap {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}
+
+/// Links the inert WASI interfaces of [`GRANTED_IMPORTS`].
+fn add_inert_wasi(linker: &mut Linker<CallState>) -> wasmtime::Result<()> {
+    use wasmtime_wasi::cli::{WasiCli, WasiCliView as _};
+    use wasmtime_wasi::p2::bindings::cli;
+    use wasmtime_wasi::p2::bindings::sync::io;
+    use wasmtime_wasi::random::WasiRandom;
+    let l = linker;
+    cli::exit::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::environment::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::stdin::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::stdout::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::stderr::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::terminal_input::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::terminal_output::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::terminal_stdin::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::terminal_stdout::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    cli::terminal_stderr::add_to_linker::<CallState, WasiCli>(l, CallState::cli)?;
+    io::error::add_to_linker::<CallState, HasTable>(l, |s| &mut s.table)?;
+    io::poll::add_to_linker::<CallState, HasTable>(l, |s| &mut s.table)?;
+    io::streams::add_to_linker::<CallState, HasTable>(l, |s| &mut s.table)?;
+    wasmtime_wasi::p2::bindings::random::insecure_seed::add_to_linker::<CallState, WasiRandom>(
+        l,
+        |s| s.wasi.random(),
+    )?;
+    Ok(())
+}
+
+/// Gives the WASI I/O interfaces the call's resource table.
+struct HasTable;
+
+impl wasmtime::component::HasData for HasTable {
+    type Data<'a> = &'a mut ResourceTable;
+}

@@ -1,0 +1,325 @@
+//! The set of active plugins: the built-ins plus a plugins directory that an
+//! admin edits while the hub runs.
+//!
+//! The directory holds components (`NAME.wasm`) and optional sidecars
+//! (`NAME.yaml` or `NAME.json`) with the plugin's settings and limits:
+//!
+//! ```yaml
+//! settings: {team: ml-platform}   # any JSON/YAML value, validated by the plugin at load
+//! timeoutMillis: 1000             # per-call deadline (default 1000)
+//! memoryMiB: 64                   # per-call memory cap (default 64)
+//! ```
+//!
+//! Changes take effect at the next [`Registry::rescan`] (the hub rescans on
+//! a timer). Each scan publishes a new immutable [`Snapshot`]; a pipeline run
+//! holds the snapshot it started with, so calls in flight finish on the
+//! plugin version they started on. A plugin from the directory replaces the
+//! built-in of the same name. A file that fails to load is reported and, if
+//! an earlier version of it loaded, that version stays active.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+
+use super::pipeline::PhasePlugin;
+use super::{Host, Limits, PluginError};
+
+/// One published set of plugins.
+#[derive(Default)]
+pub struct Snapshot {
+    plugins: Vec<Arc<dyn PhasePlugin>>,
+    problems: Vec<(PathBuf, String)>,
+}
+
+impl Snapshot {
+    /// A snapshot of exactly these plugins.
+    pub fn new(plugins: Vec<Arc<dyn PhasePlugin>>) -> Self {
+        Snapshot {
+            plugins,
+            problems: Vec::new(),
+        }
+    }
+
+    pub fn plugins(&self) -> &[Arc<dyn PhasePlugin>] {
+        &self.plugins
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn PhasePlugin>> {
+        self.plugins.iter().find(|p| p.id().name == name)
+    }
+
+    /// Files in the plugins directory that did not load, with the reason.
+    pub fn problems(&self) -> &[(PathBuf, String)] {
+        &self.problems
+    }
+}
+
+/// Settings and limits of one plugin file, from its sidecar.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct Sidecar {
+    #[serde(default)]
+    settings: Option<serde_json::Value>,
+    timeout_millis: Option<u64>,
+    #[serde(rename = "memoryMiB")]
+    memory_mib: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    wasm: (SystemTime, u64),
+    sidecar: Option<(PathBuf, SystemTime, u64)>,
+}
+
+struct Loaded {
+    fingerprint: Fingerprint,
+    plugin: Arc<dyn PhasePlugin>,
+}
+
+/// Built-in plugins plus the hot-reloaded plugins directory.
+pub struct Registry {
+    host: Arc<Host>,
+    builtins: Vec<Arc<dyn PhasePlugin>>,
+    dir: Option<PathBuf>,
+    current: RwLock<Arc<Snapshot>>,
+    files: Mutex<Files>,
+}
+
+/// What the last scans found, by path.
+#[derive(Default)]
+struct Files {
+    loaded: HashMap<PathBuf, Loaded>,
+    /// Files whose current version failed to load, so it is not retried
+    /// until it changes.
+    failed: HashMap<PathBuf, (Fingerprint, String)>,
+}
+
+impl Registry {
+    /// A registry of `builtins` and, if given, the components in `dir`
+    /// (scanned once now).
+    pub fn new(host: Arc<Host>, builtins: Vec<Arc<dyn PhasePlugin>>, dir: Option<PathBuf>) -> Self {
+        let registry = Registry {
+            host,
+            builtins: builtins.clone(),
+            dir,
+            current: RwLock::new(Arc::new(Snapshot::new(builtins))),
+            files: Mutex::new(Files::default()),
+        };
+        registry.rescan();
+        registry
+    }
+
+    /// The plugins active now. Hold the `Arc` for the length of one pipeline
+    /// run.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.current.read() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn host(&self) -> &Arc<Host> {
+        &self.host
+    }
+
+    /// Reads the plugins directory and publishes a new snapshot if anything
+    /// changed. Returns the snapshot now active.
+    pub fn rescan(&self) -> Arc<Snapshot> {
+        let Some(dir) = &self.dir else {
+            return self.snapshot();
+        };
+        let mut files = match self.files.lock() {
+            Ok(f) => f,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut problems = Vec::new();
+        let mut seen = Vec::new();
+        let mut changed = false;
+        for wasm in list_components(dir, &mut problems) {
+            seen.push(wasm.clone());
+            let fingerprint = match fingerprint(&wasm) {
+                Ok(f) => f,
+                Err(e) => {
+                    problems.push((wasm, e));
+                    continue;
+                }
+            };
+            if files
+                .loaded
+                .get(&wasm)
+                .is_some_and(|l| l.fingerprint == fingerprint)
+            {
+                continue;
+            }
+            if let Some((failed, problem)) = files.failed.get(&wasm)
+                && *failed == fingerprint
+            {
+                problems.push((wasm, problem.clone()));
+                continue;
+            }
+            match self.load_file(&wasm, &fingerprint) {
+                Ok(plugin) => {
+                    tracing::info!(file = %wasm.display(), plugin = %plugin.id(), "plugin loaded");
+                    files.failed.remove(&wasm);
+                    files.loaded.insert(
+                        wasm,
+                        Loaded {
+                            fingerprint,
+                            plugin,
+                        },
+                    );
+                    changed = true;
+                }
+                Err(e) => {
+                    tracing::warn!(file = %wasm.display(), error = %e, "plugin not loaded");
+                    files.failed.insert(wasm.clone(), (fingerprint, e.clone()));
+                    problems.push((wasm, e));
+                }
+            }
+        }
+        files.failed.retain(|path, _| seen.contains(path));
+        let before = files.loaded.len();
+        files.loaded.retain(|path, loaded| {
+            let keep = seen.contains(path);
+            if !keep {
+                tracing::info!(file = %path.display(), plugin = %loaded.plugin.id(), "plugin removed");
+            }
+            keep
+        });
+        changed |= files.loaded.len() != before;
+
+        let previous = self.snapshot();
+        if !changed && previous.problems == problems {
+            return previous;
+        }
+        let mut custom: Vec<&Loaded> = files.loaded.values().collect();
+        custom.sort_by(|a, b| a.plugin.id().name.cmp(&b.plugin.id().name));
+        let mut plugins: Vec<Arc<dyn PhasePlugin>> = self
+            .builtins
+            .iter()
+            .filter(|b| !custom.iter().any(|c| c.plugin.id().name == b.id().name))
+            .cloned()
+            .collect();
+        plugins.extend(custom.iter().map(|c| c.plugin.clone()));
+        let snapshot = Arc::new(Snapshot { plugins, problems });
+        match self.current.write() {
+            Ok(mut s) => *s = snapshot.clone(),
+            Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),
+        }
+        snapshot
+    }
+
+    /// Rescans every `interval` on a background thread, for as long as the
+    /// registry lives.
+    pub fn watch(self: &Arc<Self>, interval: Duration) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("plugin-watch".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(interval);
+                    match weak.upgrade() {
+                        Some(registry) => {
+                            registry.rescan();
+                        }
+                        None => break,
+                    }
+                }
+            })
+            .map(|_| ())
+    }
+
+    fn load_file(
+        &self,
+        wasm: &Path,
+        fingerprint: &Fingerprint,
+    ) -> Result<Arc<dyn PhasePlugin>, String> {
+        let sidecar = match &fingerprint.sidecar {
+            Some((path, _, _)) => read_sidecar(path)?,
+            None => Sidecar::default(),
+        };
+        let bytes = std::fs::read(wasm).map_err(|e| format!("reading {}: {e}", wasm.display()))?;
+        let defaults = Limits::default();
+        let limits = Limits {
+            deadline: sidecar
+                .timeout_millis
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.deadline),
+            memory: sidecar
+                .memory_mib
+                .and_then(|m| usize::try_from(m << 20).ok())
+                .unwrap_or(defaults.memory),
+        };
+        let settings = sidecar
+            .settings
+            .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
+        let source = wasm
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        self.host
+            .load(&source, &bytes, &settings, limits)
+            .map(|p| p as Arc<dyn PhasePlugin>)
+            .map_err(|e: PluginError| e.to_string())
+    }
+}
+
+fn list_components(dir: &Path, problems: &mut Vec<(PathBuf, String)>) -> Vec<PathBuf> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            problems.push((dir.to_path_buf(), format!("cannot list: {e}")));
+            return Vec::new();
+        }
+    };
+    let mut wasm: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wasm"))
+        .collect();
+    wasm.sort();
+    wasm
+}
+
+fn stat(path: &Path) -> std::io::Result<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.modified()?, meta.len()))
+}
+
+fn fingerprint(wasm: &Path) -> Result<Fingerprint, String> {
+    let wasm_stat = stat(wasm).map_err(|e| format!("{}: {e}", wasm.display()))?;
+    let sidecar = ["yaml", "yml", "json"]
+        .iter()
+        .map(|ext| wasm.with_extension(ext))
+        .find(|p| p.exists())
+        .map(|p| {
+            stat(&p)
+                .map(|(t, l)| (p.clone(), t, l))
+                .map_err(|e| format!("{}: {e}", p.display()))
+        })
+        .transpose()?;
+    Ok(Fingerprint {
+        wasm: wasm_stat,
+        sidecar,
+    })
+}
+
+fn read_sidecar(path: &Path) -> Result<Sidecar, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let parsed = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    } else {
+        serde_saphyr::from_str(&text).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|e| {
+        format!(
+            "{}: {e} (expected keys: settings, timeoutMillis, memoryMiB)",
+            path.display()
+        )
+    })
+}

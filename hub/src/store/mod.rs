@@ -1,0 +1,200 @@
+//! The hub's object store: every API object and every state change the hub
+//! acts on, committed before it is acted on.
+//!
+//! [`Store`] is the seam a replicated backend (etcd) can replace; the
+//! embedded default is [`RedbStore`], a crash-safe B-tree file with group
+//! commit. Semantics are those of the Kubernetes storage layer:
+//! - one global, monotonic `resourceVersion` (across restarts), stamped into
+//!   `metadata.resourceVersion` of every stored object;
+//! - writes carry preconditions (must not exist, expected resourceVersion) and
+//!   fail with [`StoreError::Conflict`] or [`StoreError::AlreadyExists`];
+//! - a write is durable on disk before [`Store::commit`] returns;
+//! - watches replay the events after a given resourceVersion, as long as the
+//!   history still holds it ([`StoreError::Gone`] otherwise), then follow
+//!   live.
+
+mod redb;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+pub use self::redb::RedbStore;
+
+/// A resourceVersion.
+pub type Rv = u64;
+
+/// Where an object lives: its resource (plural, with group for API kinds,
+/// e.g. `trainer.kubeflow.org/trainjobs`), namespace (empty when
+/// cluster-scoped) and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn new(resource: &str, namespace: Option<&str>, name: &str) -> Self {
+        Key {
+            resource: resource.to_string(),
+            namespace: namespace.unwrap_or_default().to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The storage key; `/` cannot occur in namespaces or names.
+    pub(crate) fn encode(&self) -> String {
+        format!("{}|{}|{}", self.resource, self.namespace, self.name)
+    }
+
+    pub(crate) fn decode(s: &str) -> Option<Key> {
+        let mut parts = s.splitn(3, '|');
+        Some(Key {
+            resource: parts.next()?.to_string(),
+            namespace: parts.next()?.to_string(),
+            name: parts.next()?.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}/{}", self.resource, self.name)
+        } else {
+            write!(f, "{}/{}/{}", self.resource, self.namespace, self.name)
+        }
+    }
+}
+
+/// A stored object at one resourceVersion.
+#[derive(Debug, Clone)]
+pub struct Object {
+    pub key: Key,
+    pub rv: Rv,
+    /// The object, with `metadata.resourceVersion` set to `rv`.
+    pub value: Arc<Value>,
+}
+
+/// One write of a commit.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Fails with `AlreadyExists` if the key exists.
+    Create { key: Key, value: Value },
+    /// Fails with `NotFound` if absent, `Conflict` if `expected` is given and
+    /// differs from the stored resourceVersion.
+    Update {
+        key: Key,
+        value: Value,
+        expected: Option<Rv>,
+    },
+    /// As `Update`, then removes the object.
+    Delete { key: Key, expected: Option<Rv> },
+}
+
+impl Op {
+    pub fn key(&self) -> &Key {
+        match self {
+            Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    /// The watch event type as the Kubernetes API spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change. For `Deleted`, the object's last state with the deletion's
+/// resourceVersion.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub kind: EventType,
+    pub object: Object,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StoreError {
+    #[error("{0} not found")]
+    NotFound(Key),
+    #[error("{0} already exists")]
+    AlreadyExists(Key),
+    #[error(
+        "{key}: the object has been modified (resourceVersion {current}, expected {expected}); please apply your changes to the latest version and try again"
+    )]
+    Conflict { key: Key, expected: Rv, current: Rv },
+    #[error("too old resource version: {requested} ({oldest})")]
+    Gone { requested: Rv, oldest: Rv },
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+pub type CommitFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Object>, StoreError>> + Send + 'a>>;
+
+/// A watch: the events to replay, then the live feed.
+pub struct Watch {
+    /// Events after the requested resourceVersion, oldest first.
+    pub replay: Vec<Arc<Event>>,
+    /// Live events (all resources; filter with [`Watch::matches`]). Lagging
+    /// behind by more than the channel holds ends the watch, as an API server
+    /// closes a slow watcher; the client then relists.
+    pub live: tokio::sync::broadcast::Receiver<Arc<Event>>,
+    /// Live events at or below this resourceVersion were replayed already.
+    pub replayed_up_to: Rv,
+    resource: String,
+    namespace: Option<String>,
+}
+
+impl Watch {
+    /// Whether `event` belongs to this watch's resource and namespace.
+    pub fn matches(&self, event: &Event) -> bool {
+        matches_scope(&event.object.key, &self.resource, self.namespace.as_deref())
+    }
+}
+
+fn matches_scope(key: &Key, resource: &str, namespace: Option<&str>) -> bool {
+    key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns)
+}
+
+/// The hub's storage.
+pub trait Store: Send + Sync + 'static {
+    fn get(&self, key: &Key) -> Option<Object>;
+
+    /// Objects of `resource` (in `namespace`, or all), sorted by key, and the
+    /// resourceVersion the list is consistent at.
+    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv);
+
+    /// Commits `ops` atomically: all or none. Returns the stored objects (for
+    /// `Delete`, the last state) in order. Durable before it resolves.
+    fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_>;
+
+    /// Events of `resource` (in `namespace`, or all) after `since`; `None`
+    /// means from now.
+    fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<Rv>,
+    ) -> Result<Watch, StoreError>;
+
+    /// The latest committed resourceVersion.
+    fn revision(&self) -> Rv;
+}

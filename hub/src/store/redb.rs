@@ -1,0 +1,663 @@
+//! The embedded store: a redb file, an in-memory index of every object, and
+//! one writer thread that group-commits.
+//!
+//! # Guarantees
+//! - A commit is durable (fsync'd by redb) before its future resolves; a
+//!   crash at any moment loses no answered write and half-applies none.
+//! - Concurrent commits are batched into one transaction: one fsync serves
+//!   every request waiting at that moment. Preconditions are checked on the
+//!   writer thread, the single serialisation point, so they are exact.
+//! - The resourceVersion counter and the watch history are stored in the same
+//!   transaction as the objects, so both survive restarts.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde_json::Value;
+use tokio::sync::{broadcast, oneshot};
+
+use super::{
+    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Watch, matches_scope,
+};
+
+const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
+const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const META_RV: &str = "rv";
+
+/// Requests taken into one transaction at most.
+const MAX_BATCH: usize = 4096;
+/// Live events a watcher may lag behind before its watch is ended.
+const LIVE_BUFFER: usize = 65_536;
+
+struct Request {
+    ops: Vec<Op>,
+    reply: oneshot::Sender<Result<Vec<Object>, StoreError>>,
+}
+
+struct State {
+    objects: BTreeMap<Key, Object>,
+    rv: Rv,
+    history: VecDeque<Arc<Event>>,
+}
+
+/// The embedded, crash-safe store.
+pub struct RedbStore {
+    state: Arc<RwLock<State>>,
+    writer: mpsc::Sender<Request>,
+    live: broadcast::Sender<Arc<Event>>,
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file at `path`, keeping `history` events
+    /// for watch resumption.
+    pub fn open(path: &Path, history: usize) -> Result<Self, StoreError> {
+        let db = Database::create(path).map_err(storage)?;
+        let state = load(&db)?;
+        let state = Arc::new(RwLock::new(state));
+        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        let (writer, requests) = mpsc::channel();
+        let writer_state = state.clone();
+        let writer_live = live.clone();
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || write_loop(db, writer_state, writer_live, requests, history.max(1)))
+            .map_err(|e| StoreError::Storage(format!("starting the writer: {e}")))?;
+        Ok(RedbStore {
+            state,
+            writer,
+            live,
+        })
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn storage(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Storage(e.to_string())
+}
+
+fn load(db: &Database) -> Result<State, StoreError> {
+    let txn = db.begin_write().map_err(storage)?;
+    // Make sure the tables exist, so that reads of a new file succeed.
+    {
+        txn.open_table(OBJECTS).map_err(storage)?;
+        txn.open_table(EVENTS).map_err(storage)?;
+        txn.open_table(META).map_err(storage)?;
+    }
+    txn.commit().map_err(storage)?;
+
+    let read = db.begin_read().map_err(storage)?;
+    let rv = read
+        .open_table(META)
+        .map_err(storage)?
+        .get(META_RV)
+        .map_err(storage)?
+        .map(|v| v.value())
+        .unwrap_or(0);
+    let mut objects = BTreeMap::new();
+    for entry in read
+        .open_table(OBJECTS)
+        .map_err(storage)?
+        .iter()
+        .map_err(storage)?
+    {
+        let (k, v) = entry.map_err(storage)?;
+        let key = Key::decode(k.value())
+            .ok_or_else(|| StoreError::Storage(format!("bad key {:?}", k.value())))?;
+        let value: Value = serde_json::from_slice(v.value()).map_err(storage)?;
+        let object = Object {
+            rv: object_rv(&value),
+            key: key.clone(),
+            value: Arc::new(value),
+        };
+        objects.insert(key, object);
+    }
+    let mut history = VecDeque::new();
+    for entry in read
+        .open_table(EVENTS)
+        .map_err(storage)?
+        .iter()
+        .map_err(storage)?
+    {
+        let (rv, bytes) = entry.map_err(storage)?;
+        history.push_back(Arc::new(decode_event(rv.value(), bytes.value())?));
+    }
+    Ok(State {
+        objects,
+        rv,
+        history,
+    })
+}
+
+fn object_rv(value: &Value) -> Rv {
+    value
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn set_rv(value: &mut Value, rv: Rv) {
+    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    } else if let Some(obj) = value.as_object_mut() {
+        obj.insert(
+            "metadata".into(),
+            serde_json::json!({ "resourceVersion": rv.to_string() }),
+        );
+    }
+}
+
+fn encode_event(event: &Event) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(&serde_json::json!({
+        "type": event.kind.as_str(),
+        "key": event.object.key.encode(),
+        "object": &*event.object.value,
+    }))
+    .map_err(storage)
+}
+
+fn decode_event(rv: Rv, bytes: &[u8]) -> Result<Event, StoreError> {
+    let mut v: Value = serde_json::from_slice(bytes).map_err(storage)?;
+    let kind = match v.get("type").and_then(Value::as_str) {
+        Some("ADDED") => EventType::Added,
+        Some("MODIFIED") => EventType::Modified,
+        Some("DELETED") => EventType::Deleted,
+        other => return Err(StoreError::Storage(format!("bad event type {other:?}"))),
+    };
+    let key = v
+        .get("key")
+        .and_then(Value::as_str)
+        .and_then(Key::decode)
+        .ok_or_else(|| StoreError::Storage("event without key".into()))?;
+    let object = v.get_mut("object").map(Value::take).unwrap_or(Value::Null);
+    Ok(Event {
+        kind,
+        object: Object {
+            key,
+            rv,
+            value: Arc::new(object),
+        },
+    })
+}
+
+/// Staged effect of one request on the state, before commit.
+struct Staged {
+    events: Vec<Arc<Event>>,
+    results: Vec<Object>,
+}
+
+fn write_loop(
+    db: Database,
+    state: Arc<RwLock<State>>,
+    live: broadcast::Sender<Arc<Event>>,
+    requests: mpsc::Receiver<Request>,
+    history: usize,
+) {
+    while let Ok(first) = requests.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match requests.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+
+        // Stage every request against the state plus the requests before it.
+        let (mut rv, mut overlay) = {
+            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            (s.rv, BTreeMap::<Key, Option<Object>>::new())
+        };
+        let mut outcomes: Vec<Result<Staged, StoreError>> = Vec::with_capacity(batch.len());
+        {
+            let s = state.read().unwrap_or_else(|p| p.into_inner());
+            for request in &batch {
+                let outcome = stage(&s.objects, &mut overlay, &mut rv, &request.ops);
+                outcomes.push(outcome);
+            }
+        }
+
+        let committed = persist(&db, &outcomes, rv, history);
+        match committed {
+            Ok(()) => {
+                let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+                for staged in outcomes.iter().flatten() {
+                    for event in &staged.events {
+                        match event.kind {
+                            EventType::Deleted => {
+                                s.objects.remove(&event.object.key);
+                            }
+                            _ => {
+                                s.objects
+                                    .insert(event.object.key.clone(), event.object.clone());
+                            }
+                        }
+                        s.history.push_back(event.clone());
+                    }
+                }
+                s.rv = rv;
+                while s.history.len() > history {
+                    s.history.pop_front();
+                }
+                drop(s);
+                for staged in outcomes.iter().flatten() {
+                    for event in &staged.events {
+                        // No receiver is fine: nobody watches.
+                        let _ = live.send(event.clone());
+                    }
+                }
+                for (request, outcome) in batch.into_iter().zip(outcomes) {
+                    let _ = request.reply.send(outcome.map(|s| s.results));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "store commit failed");
+                for request in batch {
+                    let _ = request.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Checks and applies one request's ops to the overlay; on any failure the
+/// overlay and `rv` are left as they were.
+fn stage(
+    objects: &BTreeMap<Key, Object>,
+    overlay: &mut BTreeMap<Key, Option<Object>>,
+    rv: &mut Rv,
+    ops: &[Op],
+) -> Result<Staged, StoreError> {
+    let mut local: Vec<(Key, Option<Object>)> = Vec::with_capacity(ops.len());
+    let mut next = *rv;
+    let mut events = Vec::with_capacity(ops.len());
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        let key = op.key().clone();
+        let current = match local.iter().rev().find(|(k, _)| *k == key) {
+            Some((_, o)) => o.clone(),
+            None => match overlay.get(&key) {
+                Some(o) => o.clone(),
+                None => objects.get(&key).cloned(),
+            },
+        };
+        let check = |expected: &Option<Rv>| -> Result<Object, StoreError> {
+            let current = current
+                .clone()
+                .ok_or_else(|| StoreError::NotFound(key.clone()))?;
+            match expected {
+                Some(e) if *e != current.rv => Err(StoreError::Conflict {
+                    key: key.clone(),
+                    expected: *e,
+                    current: current.rv,
+                }),
+                _ => Ok(current),
+            }
+        };
+        next += 1;
+        let (kind, object) = match op {
+            Op::Create { value, .. } => {
+                if current.is_some() {
+                    return Err(StoreError::AlreadyExists(key));
+                }
+                let mut value = value.clone();
+                set_rv(&mut value, next);
+                (
+                    EventType::Added,
+                    Object {
+                        key: key.clone(),
+                        rv: next,
+                        value: Arc::new(value),
+                    },
+                )
+            }
+            Op::Update {
+                value, expected, ..
+            } => {
+                check(expected)?;
+                let mut value = value.clone();
+                set_rv(&mut value, next);
+                (
+                    EventType::Modified,
+                    Object {
+                        key: key.clone(),
+                        rv: next,
+                        value: Arc::new(value),
+                    },
+                )
+            }
+            Op::Delete { expected, .. } => {
+                let current = check(expected)?;
+                let mut value = (*current.value).clone();
+                set_rv(&mut value, next);
+                (
+                    EventType::Deleted,
+                    Object {
+                        key: key.clone(),
+                        rv: next,
+                        value: Arc::new(value),
+                    },
+                )
+            }
+        };
+        local.push((key, (kind != EventType::Deleted).then(|| object.clone())));
+        results.push(object.clone());
+        events.push(Arc::new(Event { kind, object }));
+    }
+    overlay.extend(local);
+    *rv = next;
+    Ok(Staged { events, results })
+}
+
+fn persist(
+    db: &Database,
+    outcomes: &[Result<Staged, StoreError>],
+    rv: Rv,
+    history: usize,
+) -> Result<(), StoreError> {
+    if outcomes.iter().all(Result::is_err) {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(storage)?;
+    {
+        let mut objects = txn.open_table(OBJECTS).map_err(storage)?;
+        let mut events = txn.open_table(EVENTS).map_err(storage)?;
+        for staged in outcomes.iter().flatten() {
+            for event in &staged.events {
+                let key = event.object.key.encode();
+                match event.kind {
+                    EventType::Deleted => {
+                        objects.remove(key.as_str()).map_err(storage)?;
+                    }
+                    _ => {
+                        let bytes = serde_json::to_vec(&*event.object.value).map_err(storage)?;
+                        objects
+                            .insert(key.as_str(), bytes.as_slice())
+                            .map_err(storage)?;
+                    }
+                }
+                let bytes = encode_event(event)?;
+                events
+                    .insert(event.object.rv, bytes.as_slice())
+                    .map_err(storage)?;
+            }
+        }
+        // Keep the newest `history` events.
+        let floor = rv.saturating_sub(history as u64);
+        if floor > 0 {
+            events.retain_in(..=floor, |_, _| false).map_err(storage)?;
+        }
+        txn.open_table(META)
+            .map_err(storage)?
+            .insert(META_RV, rv)
+            .map_err(storage)?;
+    }
+    txn.commit().map_err(storage)
+}
+
+impl Store for RedbStore {
+    fn get(&self, key: &Key) -> Option<Object> {
+        self.read().objects.get(key).cloned()
+    }
+
+    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
+        let s = self.read();
+        let start = Key::new(resource, namespace, "");
+        let items = s
+            .objects
+            .range(start..)
+            .take_while(|(k, _)| k.resource == resource)
+            .filter(|(k, _)| matches_scope(k, resource, namespace))
+            .map(|(_, o)| o.clone())
+            .collect();
+        (items, s.rv)
+    }
+
+    fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        let (reply, answer) = oneshot::channel();
+        let sent = self.writer.send(Request { ops, reply });
+        Box::pin(async move {
+            sent.map_err(|_| StoreError::Storage("the store writer has stopped".into()))?;
+            answer
+                .await
+                .map_err(|_| StoreError::Storage("the store writer has stopped".into()))?
+        })
+    }
+
+    fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<Rv>,
+    ) -> Result<Watch, StoreError> {
+        // Subscribe before reading the history so no event falls between.
+        let live = self.live.subscribe();
+        let s = self.read();
+        let replay = match since {
+            None => Vec::new(),
+            Some(since) if since >= s.rv => Vec::new(),
+            Some(since) => {
+                let oldest = s.history.front().map(|e| e.object.rv).unwrap_or(s.rv + 1);
+                if since + 1 < oldest {
+                    return Err(StoreError::Gone {
+                        requested: since,
+                        oldest,
+                    });
+                }
+                s.history
+                    .iter()
+                    .filter(|e| e.object.rv > since)
+                    .filter(|e| matches_scope(&e.object.key, resource, namespace))
+                    .cloned()
+                    .collect()
+            }
+        };
+        Ok(Watch {
+            replay,
+            live,
+            replayed_up_to: s.rv,
+            resource: resource.to_string(),
+            namespace: namespace.map(str::to_string),
+        })
+    }
+
+    fn revision(&self) -> Rv {
+        self.read().rv
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key::new("trainer.kubeflow.org/trainjobs", Some("default"), name)
+    }
+
+    fn job(name: &str) -> Value {
+        serde_json::json!({"metadata": {"name": name, "namespace": "default"}})
+    }
+
+    #[tokio::test]
+    async fn writes_survive_reopen_and_rv_stays_monotonic() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.redb");
+        let last = {
+            let store = RedbStore::open(&path, 100).expect("open");
+            store
+                .commit(vec![Op::Create {
+                    key: key("a"),
+                    value: job("a"),
+                }])
+                .await
+                .expect("create a");
+            let b = store
+                .commit(vec![Op::Create {
+                    key: key("b"),
+                    value: job("b"),
+                }])
+                .await
+                .expect("create b");
+            store
+                .commit(vec![Op::Delete {
+                    key: key("a"),
+                    expected: None,
+                }])
+                .await
+                .expect("delete a");
+            assert_eq!(b[0].rv, 2);
+            store.revision()
+        };
+        let store = RedbStore::open(&path, 100).expect("reopen");
+        assert_eq!(store.revision(), last);
+        let (items, rv) = store.list("trainer.kubeflow.org/trainjobs", Some("default"));
+        assert_eq!(rv, 3);
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].value["metadata"]["resourceVersion"], "2");
+        let c = store
+            .commit(vec![Op::Create {
+                key: key("c"),
+                value: job("c"),
+            }])
+            .await
+            .expect("create c");
+        assert_eq!(c[0].rv, 4, "resourceVersion continues after a restart");
+        // The history survived too: a watch from rv 1 replays b, the deletion of a, and c.
+        let watch = store
+            .watch("trainer.kubeflow.org/trainjobs", None, Some(1))
+            .expect("watch");
+        let replay: Vec<_> = watch
+            .replay
+            .iter()
+            .map(|e| (e.kind, e.object.key.name.clone(), e.object.rv))
+            .collect();
+        assert_eq!(
+            replay,
+            [
+                (EventType::Added, "b".into(), 2),
+                (EventType::Deleted, "a".into(), 3),
+                (EventType::Added, "c".into(), 4)
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn preconditions_are_exact() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 100).expect("open");
+        store
+            .commit(vec![Op::Create {
+                key: key("a"),
+                value: job("a"),
+            }])
+            .await
+            .expect("create");
+        assert_eq!(
+            store
+                .commit(vec![Op::Create {
+                    key: key("a"),
+                    value: job("a")
+                }])
+                .await
+                .unwrap_err(),
+            StoreError::AlreadyExists(key("a"))
+        );
+        assert!(matches!(
+            store
+                .commit(vec![Op::Update {
+                    key: key("a"),
+                    value: job("a"),
+                    expected: Some(7)
+                }])
+                .await,
+            Err(StoreError::Conflict {
+                expected: 7,
+                current: 1,
+                ..
+            })
+        ));
+        assert!(matches!(
+            store
+                .commit(vec![Op::Delete {
+                    key: key("zz"),
+                    expected: None
+                }])
+                .await,
+            Err(StoreError::NotFound(_))
+        ));
+        // An atomic pair where the second fails writes nothing.
+        let err = store
+            .commit(vec![
+                Op::Create {
+                    key: key("b"),
+                    value: job("b"),
+                },
+                Op::Create {
+                    key: key("a"),
+                    value: job("a"),
+                },
+            ])
+            .await;
+        assert!(err.is_err());
+        assert!(store.get(&key("b")).is_none());
+        assert_eq!(store.revision(), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_creates_are_group_committed_without_loss() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(RedbStore::open(&dir.path().join("s.redb"), 10_000).expect("open"));
+        let mut tasks = Vec::new();
+        for i in 0..200 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                store
+                    .commit(vec![Op::Create {
+                        key: key(&format!("j{i}")),
+                        value: job(&format!("j{i}")),
+                    }])
+                    .await
+            }));
+        }
+        let mut rvs = Vec::new();
+        for t in tasks {
+            rvs.push(t.await.expect("task").expect("create")[0].rv);
+        }
+        rvs.sort();
+        rvs.dedup();
+        assert_eq!(rvs.len(), 200, "every create got its own resourceVersion");
+        assert_eq!(
+            store.list("trainer.kubeflow.org/trainjobs", None).0.len(),
+            200
+        );
+    }
+
+    #[tokio::test]
+    async fn a_compacted_version_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 3).expect("open");
+        for i in 0..10 {
+            store
+                .commit(vec![Op::Create {
+                    key: key(&format!("j{i}")),
+                    value: job("x"),
+                }])
+                .await
+                .expect("create");
+        }
+        assert!(matches!(
+            store.watch("trainer.kubeflow.org/trainjobs", None, Some(2)),
+            Err(StoreError::Gone { .. })
+        ));
+        let ok = store
+            .watch("trainer.kubeflow.org/trainjobs", None, Some(7))
+            .expect("recent version");
+        assert_eq!(ok.replay.len(), 3);
+    }
+}

@@ -1,0 +1,172 @@
+//! What several plugins share: object metadata owned by the TrainJob,
+//! reserved-env validation, trainer lookups and resource counts.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde::Serialize;
+use trainhub_plugin_sdk::api::trainer::MlPolicy;
+use trainhub_plugin_sdk::prelude::*;
+
+use crate::quantity::Quantity as Amount;
+
+/// The TrainJob's name (empty if it has none).
+pub(crate) fn job_name(job: &TrainJob) -> &str {
+    job.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// `metadata` of an object the TrainJob owns: its name, the TrainJob's
+/// namespace, and a controller reference to the TrainJob, so that deleting
+/// the TrainJob deletes it.
+pub(crate) fn owned_metadata(job: &TrainJob, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: job.metadata.namespace.clone(),
+        owner_references: Some(vec![OwnerReference {
+            api_version: format!(
+                "{}/{}",
+                trainhub_plugin_sdk::api::trainer::GROUP,
+                trainhub_plugin_sdk::api::trainer::VERSION
+            ),
+            kind: "TrainJob".to_string(),
+            name: job_name(job).to_string(),
+            uid: job.metadata.uid.clone().unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn to_json<T: Serialize>(what: &str, value: &T) -> Result<Value, Failure> {
+    serde_json::to_value(value)
+        .map_err(|e| Failure::new(format!("cannot serialise the {what}: {e}")))
+}
+
+/// One error per `spec.trainer.env` entry that sets a name the plugin injects.
+pub(crate) fn reserved_env_errors(
+    job: &TrainJob,
+    reserved: &[&str],
+    plugin: &str,
+) -> Vec<FieldError> {
+    job.spec
+        .trainer
+        .iter()
+        .flat_map(|t| t.env.iter().flatten())
+        .enumerate()
+        .filter(|(_, var)| reserved.contains(&var.name.as_str()))
+        .map(|(i, var)| {
+            FieldError::invalid(
+                format!("spec.trainer.env[{i}].name"),
+                Some(var.name.clone()),
+                format!("must not set {}: the {plugin} runtime sets it", var.name),
+            )
+        })
+        .collect()
+}
+
+/// The parsed `mlPolicy` of the runtime info.
+pub(crate) fn ml_policy(info: &RuntimeInfo) -> Result<MlPolicy, Failure> {
+    info.ml_policy()
+}
+
+/// The trainer pod set's count set to the TrainJob's `trainer.numNodes`,
+/// when given.
+pub(crate) fn set_trainer_count(info: &mut RuntimeInfo, job: &TrainJob) -> Result<(), Failure> {
+    if let Some(nodes) = job.spec.trainer.as_ref().and_then(|t| t.num_nodes) {
+        info.trainer_mut()?.count = positive_count(nodes);
+    }
+    Ok(())
+}
+
+/// A count as a pod set holds it: at least 1.
+pub(crate) fn positive_count(value: i32) -> u32 {
+    u32::try_from(value.max(1)).unwrap_or(1)
+}
+
+/// `J-node-0-0.J`: the first trainer pod, where rendezvous happens.
+pub(crate) fn master_address(job: &TrainJob) -> String {
+    let name = job_name(job);
+    format!("{name}-{}-0-0.{name}", constants::NODE)
+}
+
+/// The env var taking the pod's completion index.
+pub(crate) fn completion_index_env(container: &mut Container, name: &str) {
+    container.upsert_env_from_field(name, constants::JOB_COMPLETION_INDEX_FIELD_PATH);
+}
+
+/// The requests and limits of one trainer node, as upstream reads them: the
+/// TrainJob's `resourcesPerNode` when set, else the `node` container of the
+/// first replicated job that is named `node` or is the trainer step.
+pub(crate) fn resources_per_node(
+    info: &RuntimeInfo,
+    job: &TrainJob,
+) -> (Vec<Quantity>, Vec<Quantity>) {
+    if let Some(resources) = job
+        .spec
+        .trainer
+        .as_ref()
+        .and_then(|t| t.resources_per_node.as_ref())
+    {
+        let list = |map: Option<
+            &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        >| {
+            map.into_iter()
+                .flatten()
+                .map(|(name, q)| Quantity {
+                    name: name.clone(),
+                    value: q.0.clone(),
+                })
+                .collect::<Vec<_>>()
+        };
+        return (
+            list(resources.requests.as_ref()),
+            list(resources.limits.as_ref()),
+        );
+    }
+    info.pod_sets
+        .iter()
+        .filter(|p| {
+            p.name == constants::NODE || p.ancestor.as_deref() == Some(constants::ANCESTOR_TRAINER)
+        })
+        .find_map(|p| p.container(constants::NODE))
+        .map(|c| (c.requests.clone(), c.limits.clone()))
+        .unwrap_or_default()
+}
+
+/// GPUs per node: the first resource whose name mentions `gpu`, from the
+/// requests, else the limits; 0 without one.
+pub(crate) fn gpus(requests: &[Quantity], limits: &[Quantity]) -> Result<i128, Failure> {
+    let count = |list: &[Quantity]| -> Result<i128, Failure> {
+        match list
+            .iter()
+            .find(|q| q.name.to_ascii_lowercase().contains("gpu"))
+        {
+            Some(q) => Ok(amount(q)?.ceil()),
+            None => Ok(0),
+        }
+    };
+    let requested = count(requests)?;
+    if requested != 0 {
+        return Ok(requested);
+    }
+    count(limits)
+}
+
+/// CPUs per node, rounded up: the request, else the limit; 0 without either.
+pub(crate) fn cpus(requests: &[Quantity], limits: &[Quantity]) -> Result<i128, Failure> {
+    let find = |list: &[Quantity]| -> Result<Option<Amount>, Failure> {
+        list.iter()
+            .find(|q| q.name == "cpu")
+            .map(amount)
+            .transpose()
+    };
+    match find(requests)? {
+        Some(request) if !request.is_zero() => Ok(request.ceil()),
+        _ => Ok(find(limits)?.map_or(0, |limit| limit.ceil())),
+    }
+}
+
+pub(crate) fn amount(q: &Quantity) -> Result<Amount, Failure> {
+    Amount::parse(&q.value).map_err(|e| Failure::new(format!("resource {}: {e}", q.name)))
+}

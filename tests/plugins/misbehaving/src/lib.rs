@@ -1,0 +1,88 @@
+//! A plugin that misbehaves on purpose, to test the host's sandbox. Its
+//! `mode` setting picks the fault every phase commits: `loop`, `oom`,
+//! `trap`, `garbage`, or `ok` (behave).
+
+use trainhub_plugin_sdk::prelude::*;
+
+#[derive(Default)]
+struct Misbehaving;
+
+fn mode(ctx: &Ctx) -> String {
+    ctx.settings()
+        .get("mode")
+        .and_then(Value::as_str)
+        .unwrap_or("ok")
+        .to_string()
+}
+
+/// Commits the configured fault; returns only in modes `ok` and `garbage`.
+fn misbehave(ctx: &Ctx) {
+    match mode(ctx).as_str() {
+        "loop" => {
+            let mut n: u64 = 0;
+            loop {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
+        "oom" => {
+            let mut hoard: Vec<Vec<u8>> = Vec::new();
+            loop {
+                hoard.push(std::hint::black_box(vec![7u8; 1 << 20]));
+            }
+        }
+        "trap" => panic!("misbehaving plugin panics on purpose"),
+        _ => {}
+    }
+}
+
+impl Plugin for Misbehaving {
+    fn describe(&self) -> Descriptor {
+        Descriptor::new("misbehaving", "0.1.0")
+            .frameworks(["misbehaving"])
+            .validates()
+            .enforces_ml_policy()
+            .builds()
+    }
+
+    fn validate_settings(&self, settings: &Value) -> Vec<FieldError> {
+        match settings.get("mode").and_then(Value::as_str) {
+            None | Some("ok" | "loop" | "oom" | "trap" | "garbage") => Vec::new(),
+            Some(other) => vec![FieldError::not_supported(
+                "settings.mode",
+                Some(other.to_string()),
+                "supported values: ok, loop, oom, trap, garbage",
+            )],
+        }
+    }
+
+    fn validate(&self, ctx: &Ctx, _: &TrainJob, _: &Runtime) -> Validation {
+        misbehave(ctx);
+        Validation::default()
+    }
+
+    fn enforce_ml_policy(
+        &self,
+        ctx: &Ctx,
+        _: &mut RuntimeInfo,
+        _: &TrainJob,
+    ) -> Result<(), Failure> {
+        misbehave(ctx);
+        Ok(())
+    }
+
+    fn build(
+        &self,
+        ctx: &Ctx,
+        _: &RuntimeInfo,
+        _: &TrainJob,
+        _: &Target,
+    ) -> Result<Vec<Value>, Failure> {
+        misbehave(ctx);
+        if mode(ctx) == "garbage" {
+            return Ok(vec![json!("this is not a Kubernetes object")]);
+        }
+        Ok(Vec::new())
+    }
+}
+
+export_plugin!(Misbehaving);
