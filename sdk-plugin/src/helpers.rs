@@ -46,27 +46,27 @@ impl Descriptor {
     }
 
     pub fn validates(mut self) -> Self {
-        self.capabilities = self.capabilities | Capabilities::VALIDATE;
+        self.capabilities |= Capabilities::VALIDATE;
         self
     }
 
     pub fn enforces_ml_policy(mut self) -> Self {
-        self.capabilities = self.capabilities | Capabilities::ENFORCE_ML_POLICY;
+        self.capabilities |= Capabilities::ENFORCE_ML_POLICY;
         self
     }
 
     pub fn enforces_pod_group_policy(mut self) -> Self {
-        self.capabilities = self.capabilities | Capabilities::ENFORCE_POD_GROUP_POLICY;
+        self.capabilities |= Capabilities::ENFORCE_POD_GROUP_POLICY;
         self
     }
 
     pub fn builds(mut self) -> Self {
-        self.capabilities = self.capabilities | Capabilities::BUILD;
+        self.capabilities |= Capabilities::BUILD;
         self
     }
 
     pub fn maps_status(mut self) -> Self {
-        self.capabilities = self.capabilities | Capabilities::STATUS;
+        self.capabilities |= Capabilities::STATUS;
         self
     }
 }

@@ -175,14 +175,20 @@ impl Host {
             })?;
 
         let ty = component.component_type();
-        for (import, _) in ty.imports(&self.engine) {
-            let interface = import.split('@').next().unwrap_or(import);
-            if !GRANTED_IMPORTS.contains(&interface) {
-                return Err(PluginError::ForbiddenImport {
-                    plugin: id,
-                    import: import.to_string(),
-                });
-            }
+        let refused: Vec<String> = ty
+            .imports(&self.engine)
+            .map(|(import, _)| import)
+            .filter(|import| {
+                let interface = import.split('@').next().unwrap_or(import);
+                !GRANTED_IMPORTS.contains(&interface)
+            })
+            .map(str::to_string)
+            .collect();
+        if !refused.is_empty() {
+            return Err(PluginError::ForbiddenImport {
+                plugin: id,
+                imports: refused,
+            });
         }
         let pre = self
             .linker

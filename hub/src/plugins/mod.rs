@@ -69,11 +69,14 @@ pub enum PluginError {
     #[error("{plugin}: {reason}")]
     Load { plugin: PluginId, reason: String },
     #[error(
-        "{plugin} imports `{import}`, which trainhub does not grant: plugins get no filesystem, \
+        "{plugin} imports {}, which trainhub does not grant: plugins get no filesystem, \
          network, clock, random or environment access; use the trainhub:plugin/host interface \
-         (random-bytes, log) instead"
+         (random-bytes, log) instead", .imports.join(", ")
     )]
-    ForbiddenImport { plugin: PluginId, import: String },
+    ForbiddenImport {
+        plugin: PluginId,
+        imports: Vec<String>,
+    },
     #[error("{plugin}: invalid settings: {}", format_field_errors(.errors))]
     Settings {
         plugin: PluginId,

@@ -439,9 +439,10 @@ fn check_object(plugin: &PluginId, raw: &str) -> Result<serde_json::Value, Plugi
         ("/kind", "kind"),
         ("/metadata/name", "metadata.name"),
     ] {
-        if !value
+        if value
             .pointer(pointer)
-            .is_some_and(|v| v.as_str().is_some_and(|s| !s.is_empty()))
+            .and_then(serde_json::Value::as_str)
+            .is_none_or(str::is_empty)
         {
             return Err(malformed(format!("object has no {what}")));
         }

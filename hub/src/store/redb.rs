@@ -47,8 +47,20 @@ struct State {
 /// The embedded, crash-safe store.
 pub struct RedbStore {
     state: Arc<RwLock<State>>,
-    writer: mpsc::Sender<Request>,
+    writer: Option<mpsc::Sender<Request>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     live: broadcast::Sender<Arc<Event>>,
+}
+
+impl Drop for RedbStore {
+    /// Lets the writer finish what it was given and close the file, so the
+    /// store can be reopened at once.
+    fn drop(&mut self) {
+        self.writer.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl RedbStore {
@@ -62,13 +74,14 @@ impl RedbStore {
         let (writer, requests) = mpsc::channel();
         let writer_state = state.clone();
         let writer_live = live.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || write_loop(db, writer_state, writer_live, requests, history.max(1)))
             .map_err(|e| StoreError::Storage(format!("starting the writer: {e}")))?;
         Ok(RedbStore {
             state,
-            writer,
+            writer: Some(writer),
+            thread: Some(thread),
             live,
         })
     }
@@ -421,7 +434,10 @@ impl Store for RedbStore {
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.writer.send(Request { ops, reply });
+        let sent = match &self.writer {
+            Some(writer) => writer.send(Request { ops, reply }).map_err(|_| ()),
+            None => Err(()),
+        };
         Box::pin(async move {
             sent.map_err(|_| StoreError::Storage("the store writer has stopped".into()))?;
             answer

@@ -88,16 +88,20 @@ fn renders_every_upstream_runtime_with_the_multi_node_example() {
             node["template"]["spec"]["completions"], expected_nodes,
             "{runtime}"
         );
-        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        let mut kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
         if runtime == "deepspeed-distributed" {
-            assert_eq!(kinds, ["JobSet", "ConfigMap", "Secret"], "{runtime}");
-            let hostfile = objects[1]["data"]["hostfile"].as_str().expect("hostfile");
+            kinds.sort();
+            assert_eq!(kinds, ["ConfigMap", "JobSet", "Secret"], "{runtime}");
+            let of_kind = |kind: &str| objects.iter().find(|o| o["kind"] == kind).expect("object");
+            let hostfile = of_kind("ConfigMap")["data"]["hostfile"]
+                .as_str()
+                .expect("hostfile");
             assert_eq!(
                 hostfile.lines().count(),
                 3,
                 "launcher runs as a node: {hostfile}"
             );
-            assert_eq!(objects[2]["type"], "kubernetes.io/ssh-auth");
+            assert_eq!(of_kind("Secret")["type"], "kubernetes.io/ssh-auth");
         } else {
             assert_eq!(kinds, ["JobSet"], "{runtime}");
         }
