@@ -415,7 +415,8 @@ impl LoadedPlugin {
         .map_err(|f| self.failed(Phase::EnforcePodGroupPolicy, f))
     }
 
-    /// Build: the objects for `target`, each checked to be a JSON object.
+    /// Build: the objects for `target`, as JSON text; the pipeline checks each
+    /// is a Kubernetes object (`check_object`).
     pub fn build(
         &self,
         info: &sdk::RuntimeInfo,
