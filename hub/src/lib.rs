@@ -7,4 +7,3 @@ pub mod builtin;
 pub mod ctl;
 pub mod plugins;
 pub mod render;
-pub mod store;

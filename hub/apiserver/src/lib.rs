@@ -1,0 +1,23 @@
+//! Kubernetes-style REST API machinery: the hub serves its TrainJob API with
+//! it, and the spoke's Kubernetes-backend tests use it as an API server
+//! stand-in.
+//!
+//! The crate knows nothing of TrainJobs. A server is a set of
+//! [`resource::ResourceDef`]s over a [`store::Store`], with an
+//! [`admission::Admission`] hook and an [`auth`] policy:
+//!
+//! - [`store`]: the crash-safe embedded store (redb) behind a trait;
+//! - [`status`] and [`field`]: errors as `metav1.Status`, field errors as
+//!   upstream's `field.Error`;
+//! - [`resource`]: what a resource is (group, version, kind, scope,
+//!   subresources, printer columns, schema);
+//! - [`admission`]: the seam for defaulting and validation;
+//! - [`auth`]: who is calling (tokens file, client certificates) and what
+//!   they may do (admin group, namespace grants).
+
+pub mod admission;
+pub mod auth;
+pub mod field;
+pub mod resource;
+pub mod status;
+pub mod store;
