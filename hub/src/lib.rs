@@ -1,9 +1,18 @@
 //! trainhub: a federation hub for Kubeflow Trainer TrainJobs.
 //!
-//! Layout follows the path of a TrainJob (see `docs/` and the README):
-//! `plugins` runs the pipeline as sandboxed WebAssembly components.
+//! Layout follows the path of a TrainJob (see `docs/design.md`):
+//! [`api`] (the resources served, on `trainhub_apiserver`) → [`admission`]
+//! (defaulting, validation, the PreExecution plugins) → the store →
+//! [`controller`]s; [`plugins`] runs the pipeline as sandboxed WebAssembly
+//! components; [`hub`] assembles a hub process, [`dev`] the embedded default.
 
+pub mod admission;
+pub mod api;
 pub mod builtin;
+pub mod controller;
 pub mod ctl;
+pub mod dev;
+pub mod hub;
+pub mod logging;
 pub mod plugins;
 pub mod render;

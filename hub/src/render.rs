@@ -14,6 +14,10 @@ use crate::plugins::{Pipeline, PipelineError, Snapshot, format_field_errors};
 /// names and fields.
 pub const BUILTIN_RUNTIMES: &[(&str, &str)] = &[
     (
+        "python-distributed.yaml",
+        include_str!("../../manifests/runtimes/python-distributed.yaml"),
+    ),
+    (
         "torch-distributed.yaml",
         include_str!("../../manifests/runtimes/torch-distributed.yaml"),
     ),

@@ -31,3 +31,7 @@ pub mod trainer;
 mod error;
 
 pub use error::Error;
+
+/// The Kubeflow Trainer release whose API this crate implements; published to
+/// clients that ask (the Kubeflow SDK reads it from a ConfigMap).
+pub const TRAINER_VERSION: &str = "v2.3.0";

@@ -18,6 +18,12 @@
 pub mod admission;
 pub mod auth;
 pub mod field;
+pub mod patch;
 pub mod resource;
+pub mod schema;
+pub mod selector;
+pub mod server;
 pub mod status;
 pub mod store;
+pub mod table;
+pub mod tls;

@@ -15,7 +15,7 @@ pub struct PrinterColumn {
 }
 
 /// One served resource.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ResourceDef {
     /// Empty for the core group.
     pub group: String,
@@ -41,6 +41,9 @@ pub struct ResourceDef {
     /// `/openapi/v3`, used for strict field validation and for the list-map
     /// keys of strategic merge and apply patches.
     pub schema: Option<Value>,
+    /// Fields usable in field selectors besides `metadata.name` and
+    /// `metadata.namespace` (dotted paths, e.g. `status.phase`).
+    pub selectable_fields: Vec<String>,
 }
 
 impl ResourceDef {
@@ -101,6 +104,7 @@ mod tests {
             log_subresource: false,
             printer_columns: vec![],
             schema: None,
+            selectable_fields: vec![],
         };
         assert_eq!(r.store_key(), "trainer.kubeflow.org/trainjobs");
         r.group.clear();

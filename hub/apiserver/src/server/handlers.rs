@@ -1,0 +1,837 @@
+//! Resource requests: get, list, create, update, patch, delete,
+//! deletecollection, the `status` subresource and pod logs.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value, json};
+
+use super::request::{self, Format, Path, Query, Shared, Target};
+use super::{discovery, meta, meta_str, watch};
+use crate::admission::{Operation, Outcome};
+use crate::auth::UserInfo;
+use crate::field::FieldError;
+use crate::resource::ResourceDef;
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::status::{self, ApiError};
+use crate::store::{Key, Object, Op, Rv};
+use crate::{admission, patch, schema, table};
+
+/// Request bodies larger than this are refused (kube-apiserver's limit is 3 MiB
+/// for objects stored in etcd).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+pub(crate) async fn core(State(server): State<Shared>, req: Request) -> Response {
+    dispatch(server, true, req).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn grouped(State(server): State<Shared>, req: Request) -> Response {
+    dispatch(server, false, req).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub(crate) async fn not_found() -> Response {
+    not_served().into_response()
+}
+
+fn not_served() -> ApiError {
+    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+}
+
+/// Everything a handler needs about one request.
+pub(crate) struct Ctx {
+    pub server: Shared,
+    pub def: Arc<ResourceDef>,
+    pub target: Target,
+    pub query: Query,
+    pub headers: HeaderMap,
+    pub user: UserInfo,
+    pub format: Format,
+}
+
+impl Ctx {
+    fn key(&self, name: &str) -> Key {
+        Key::new(&self.def.store_key(), self.target.namespace.as_deref(), name)
+    }
+    fn name(&self) -> &str {
+        self.target.name.as_deref().unwrap_or_default()
+    }
+    fn sub(&self) -> Option<&str> {
+        self.target.subresource.as_deref()
+    }
+    fn store_error(&self, e: crate::store::StoreError) -> ApiError {
+        ApiError::from_store(e, &self.def.group, &self.def.plural)
+    }
+    fn dry_run(&self) -> bool {
+        self.query.get("dryRun") == Some("All")
+    }
+    /// The field manager of a write: `?fieldManager=`, else the user agent's
+    /// program name, as kube-apiserver derives it.
+    fn manager(&self) -> String {
+        if let Some(m) = self.query.get("fieldManager") {
+            return m.to_string();
+        }
+        self.headers
+            .get(axum::http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|ua| ua.split('/').next())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("unknown")
+            .to_string()
+    }
+    fn respond(&self, code: StatusCode, value: &Value, warnings: &[String]) -> Response {
+        let format = match self.format {
+            Format::Yaml => Format::Yaml,
+            _ => Format::Json,
+        };
+        request::respond(code, value, format, warnings)
+    }
+}
+
+async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let user = request::authenticate(&server, &parts.headers, &parts.extensions)?;
+    let rest = parts
+        .uri
+        .path()
+        .strip_prefix(if core { "/api" } else { "/apis" })
+        .unwrap_or_default();
+    let path = request::parse_path(core, rest).ok_or_else(not_served)?;
+    let target = match path {
+        Path::GroupVersion { group, version } => {
+            return discovery::group_version(&server, &group, version.as_deref());
+        }
+        Path::Resource(target) => target,
+    };
+    let def = server
+        .resource(&target.group, &target.version, &target.plural)
+        .cloned()
+        .ok_or_else(not_served)?;
+    // A namespaced object needs a namespace; a cluster-scoped one has none.
+    if (def.namespaced && target.namespace.is_none() && target.name.is_some())
+        || (!def.namespaced && target.namespace.is_some())
+    {
+        return Err(not_served());
+    }
+    let query = Query::parse(parts.uri.query());
+    let verb = request::verb(&parts.method, &target, &query);
+    request::authorize(
+        &server,
+        &user,
+        verb,
+        &def,
+        target.namespace.as_deref(),
+        target.name.as_deref().unwrap_or_default(),
+        target.subresource.as_deref(),
+    )?;
+    let format = request::negotiate(&parts.headers)?;
+    let body = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|e| ApiError::too_large(format!("the request body could not be read: {e}")))?;
+    let ctx = Ctx { server, def, target, query, headers: parts.headers, user, format };
+    let method = parts.method;
+    match (ctx.sub(), ctx.target.name.is_some()) {
+        (None, false) => match method {
+            Method::GET if ctx.query.flag("watch") => watch::serve(ctx).await,
+            Method::GET => list(&ctx),
+            Method::POST => create(&ctx, &body).await,
+            Method::DELETE => delete_collection(&ctx, &body).await,
+            _ => Err(method_not_allowed(&method)),
+        },
+        (None, true) | (Some("status"), true) if ctx.sub().is_none() || ctx.def.status_subresource => match method {
+            Method::GET => get(&ctx),
+            Method::PUT => update(&ctx, &body).await,
+            Method::PATCH => patch(&ctx, &body).await,
+            Method::DELETE if ctx.sub().is_none() => delete(&ctx, &body).await,
+            _ => Err(method_not_allowed(&method)),
+        },
+        (Some("log"), true) if ctx.def.log_subresource && method == Method::GET => logs(&ctx).await,
+        _ => Err(not_served()),
+    }
+}
+
+fn method_not_allowed(method: &Method) -> ApiError {
+    ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource: {method}"))
+}
+
+fn read_only(ctx: &Ctx) -> Result<(), ApiError> {
+    if ctx.def.read_only {
+        return Err(ApiError::method_not_allowed(format!(
+            "{} are read-only here: the hub writes them from what spokes report",
+            ctx.def.plural
+        )));
+    }
+    Ok(())
+}
+
+fn get(ctx: &Ctx) -> Result<Response, ApiError> {
+    let object = ctx
+        .server
+        .store
+        .get(&ctx.key(ctx.name()))
+        .ok_or_else(|| ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name()))?;
+    let body = match ctx.format {
+        Format::Table => table::to_table(&ctx.def, &[object.value.as_ref()], None, include_object(ctx)?, now_unix()),
+        Format::Metadata => partial_metadata(&object.value),
+        _ => object.value.as_ref().clone(),
+    };
+    Ok(request::respond(StatusCode::OK, &body, ctx.format, &[]))
+}
+
+fn include_object(ctx: &Ctx) -> Result<table::IncludeObject, ApiError> {
+    match ctx.query.get("includeObject") {
+        None | Some("Metadata") => Ok(table::IncludeObject::Metadata),
+        Some("None") => Ok(table::IncludeObject::None),
+        Some("Object") => Ok(table::IncludeObject::Object),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "includeObject: Unsupported value: {other:?}: supported values: \"None\", \"Metadata\", \"Object\""
+        ))),
+    }
+}
+
+pub(crate) fn partial_metadata(value: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": Value::Object(meta(value).clone()),
+    })
+}
+
+pub(crate) fn now_unix() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+pub(crate) fn now_rfc3339() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The selectors of a list or watch.
+pub(crate) struct Selectors {
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
+}
+
+impl Selectors {
+    pub fn parse(ctx: &Ctx) -> Result<Selectors, ApiError> {
+        let labels = ctx.query.get("labelSelector").map(LabelSelector::parse).transpose()?;
+        let mut supported: Vec<&str> = vec!["metadata.name", "metadata.namespace"];
+        supported.extend(ctx.def.selectable_fields.iter().map(String::as_str));
+        let fields = ctx
+            .query
+            .get("fieldSelector")
+            .map(|s| FieldSelector::parse(s, &supported))
+            .transpose()?;
+        Ok(Selectors { labels, fields })
+    }
+
+    pub fn matches(&self, value: &Value) -> bool {
+        self.labels.as_ref().is_none_or(|s| s.matches(meta(value).get("labels")))
+            && self.fields.as_ref().is_none_or(|s| s.matches(value))
+    }
+}
+
+/// The continue token of a paged list: where the next page starts.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Continue {
+    rv: Rv,
+    after: String,
+}
+
+fn list(ctx: &Ctx) -> Result<Response, ApiError> {
+    let selectors = Selectors::parse(ctx)?;
+    let (objects, rv) = ctx.server.store.list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
+    let limit = match ctx.query.get("limit") {
+        Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::bad_request(format!("limit: invalid value {l:?}")))?),
+        None => None,
+    }
+    .filter(|&l| l > 0);
+    let after = match ctx.query.get("continue") {
+        Some(token) => Some(decode_continue(token)?),
+        None => None,
+    };
+    let mut items: Vec<&Object> = objects
+        .iter()
+        .filter(|o| after.as_ref().is_none_or(|a| position(&o.key) > a.after))
+        .filter(|o| selectors.matches(&o.value))
+        .collect();
+    let mut next = None;
+    let mut remaining = 0;
+    if let Some(limit) = limit {
+        if items.len() > limit {
+            remaining = items.len() - limit;
+            items.truncate(limit);
+            next = items.last().map(|o| encode_continue(&Continue { rv, after: position(&o.key) }));
+        }
+    }
+    let list_rv = after.map_or(rv, |a| a.rv).to_string();
+    let values: Vec<&Value> = items.iter().map(|o| o.value.as_ref()).collect();
+    let body = match ctx.format {
+        Format::Table => {
+            let mut t = table::to_table(&ctx.def, &values, Some(&list_rv), include_object(ctx)?, now_unix());
+            if let Some(next) = &next {
+                t["metadata"]["continue"] = next.clone().into();
+            }
+            t
+        }
+        format => {
+            let (api_version, kind, items): (String, String, Vec<Value>) = if format == Format::Metadata {
+                (
+                    "meta.k8s.io/v1".into(),
+                    "PartialObjectMetadataList".into(),
+                    values.iter().map(|v| partial_metadata(v)).collect(),
+                )
+            } else {
+                (ctx.def.api_version(), ctx.def.list_kind.clone(), values.iter().map(|v| (*v).clone()).collect())
+            };
+            let mut metadata = Map::new();
+            metadata.insert("resourceVersion".into(), list_rv.into());
+            if let Some(next) = next {
+                metadata.insert("continue".into(), next.into());
+                metadata.insert("remainingItemCount".into(), remaining.into());
+            }
+            json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "items": items})
+        }
+    };
+    Ok(request::respond(StatusCode::OK, &body, ctx.format, &[]))
+}
+
+fn position(key: &Key) -> String {
+    format!("{}/{}", key.namespace, key.name)
+}
+
+fn encode_continue(c: &Continue) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(c).unwrap_or_default())
+}
+
+fn decode_continue(token: &str) -> Result<Continue, ApiError> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| ApiError::bad_request("continue key is not valid: illegal base64 data"))
+}
+
+/// Checks `apiVersion` and `kind` of a written object against the URL.
+fn check_type(ctx: &Ctx, value: &Value) -> Result<(), ApiError> {
+    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+    }
+    if kind.is_empty() {
+        return Err(ApiError::bad_request(format!("Object 'Kind' is missing in '{}'", truncate(value))));
+    }
+    if api_version != ctx.def.api_version() || kind != ctx.def.kind {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({}) or the kind ({kind}) is not {}",
+            ctx.def.api_version(),
+            ctx.def.kind
+        )));
+    }
+    Ok(())
+}
+
+fn truncate(value: &Value) -> String {
+    let mut s = value.to_string();
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
+}
+
+fn metadata_mut(value: &mut Value) -> &mut Map<String, Value> {
+    if !value.get("metadata").is_some_and(Value::is_object) {
+        value["metadata"] = json!({});
+    }
+    match value.get_mut("metadata") {
+        Some(Value::Object(m)) => m,
+        _ => unreachable!("metadata was just set to an object"),
+    }
+}
+
+/// A DNS-1123 subdomain, the generic object name rule.
+fn check_name(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if valid {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &ctx.def.group,
+        &ctx.def.kind,
+        name,
+        &[FieldError::invalid(
+            "metadata.name",
+            name,
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
+        )],
+    ))
+}
+
+/// Prunes fields the schema does not know, and reports them as the
+/// `fieldValidation` mode asks: Strict fails, Warn (default) warns, Ignore
+/// drops silently.
+fn validate_fields(ctx: &Ctx, value: &mut Value, warnings: &mut Vec<String>) -> Result<(), ApiError> {
+    let Some(schema) = &ctx.def.schema else {
+        return Ok(());
+    };
+    let unknown = schema::prune(value, schema);
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    let messages: Vec<String> = unknown.iter().map(|p| format!("unknown field \"{p}\"")).collect();
+    match ctx.query.get("fieldValidation").unwrap_or("Warn") {
+        "Strict" => Err(ApiError::bad_request(format!("strict decoding error: {}", messages.join(", ")))),
+        "Ignore" => Ok(()),
+        "Warn" => {
+            warnings.extend(messages);
+            Ok(())
+        }
+        other => Err(ApiError::bad_request(format!(
+            "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Warn\", \"Strict\""
+        ))),
+    }
+}
+
+fn run_admission(
+    ctx: &Ctx,
+    operation: Operation,
+    old: Option<&Value>,
+    object: &mut Value,
+) -> Result<Outcome, ApiError> {
+    let request = admission::Request {
+        operation,
+        resource: &ctx.def,
+        subresource: ctx.sub(),
+        namespace: ctx.target.namespace.as_deref(),
+        name: meta_str(object, "name").or(old.and_then(|o| meta_str(o, "name"))).unwrap_or_default(),
+        old,
+        user: &ctx.user,
+        dry_run: ctx.dry_run(),
+    };
+    let mut admitted = object.clone();
+    let outcome = ctx.server.admission.admit(&request, &mut admitted)?;
+    *object = admitted;
+    Ok(outcome)
+}
+
+/// Random suffix of `generateName`: kube's alphabet without vowels and
+/// look-alikes.
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    bytes.iter().take(5).map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char).collect()
+}
+
+async fn create(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
+    read_only(ctx)?;
+    let object = request::parse_body(&ctx.headers, body)?;
+    let (stored, warnings) = create_object(ctx, object, None).await?;
+    Ok(ctx.respond(StatusCode::CREATED, &stored, &warnings))
+}
+
+/// Creates `object` (from a POST, or an apply to a missing object):
+/// bookkeeping, field validation, admission, commit.
+pub(crate) async fn create_object(ctx: &Ctx, mut object: Value, applied_by: Option<&str>) -> Result<(Value, Vec<String>), ApiError> {
+    check_type(ctx, &object)?;
+    let mut warnings = Vec::new();
+    let url_ns = ctx.target.namespace.clone();
+    let meta = metadata_mut(&mut object);
+    match (meta.get("namespace").and_then(Value::as_str), &url_ns) {
+        (Some(body_ns), Some(url)) if !body_ns.is_empty() && body_ns != url => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        (Some(ns), None) if !ns.is_empty() => {
+            meta.remove("namespace");
+        }
+        _ => {}
+    }
+    if let Some(ns) = &url_ns {
+        meta.insert("namespace".into(), ns.clone().into());
+    }
+    let mut name = meta.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+    if name.is_empty() {
+        if let Some(prefix) = meta.get("generateName").and_then(Value::as_str).filter(|p| !p.is_empty()) {
+            name = format!("{prefix}{}", random_suffix());
+            meta.insert("name".into(), name.clone().into());
+        }
+    }
+    if let Some(url_name) = ctx.target.name.as_deref() {
+        if name != url_name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({name}) does not match the name on the URL ({url_name})"
+            )));
+        }
+    }
+    if name.is_empty() {
+        return Err(ApiError::invalid(
+            &ctx.def.group,
+            &ctx.def.kind,
+            "",
+            &[FieldError::required("metadata.name", "name or generateName is required")],
+        ));
+    }
+    meta.insert("uid".into(), uuid::Uuid::new_v4().to_string().into());
+    meta.insert("creationTimestamp".into(), now_rfc3339().into());
+    meta.insert("generation".into(), 1.into());
+    for field in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+        meta.remove(field);
+    }
+    check_name(ctx, &name)?;
+    if ctx.def.status_subresource {
+        if let Some(obj) = object.as_object_mut() {
+            obj.remove("status");
+        }
+    }
+    validate_fields(ctx, &mut object, &mut warnings)?;
+    let manager = ctx.manager();
+    match applied_by {
+        Some(_) => {}
+        None => patch::record_update(None, &mut object, &manager, &ctx.def.api_version(), &now_rfc3339()),
+    }
+    let outcome = run_admission(ctx, Operation::Create, None, &mut object)?;
+    warnings.extend(outcome.warnings);
+    if ctx.dry_run() {
+        return Ok((object, warnings));
+    }
+    let stored = ctx
+        .server
+        .store
+        .commit(vec![Op::Create { key: ctx.key(&name), value: object }])
+        .await
+        .map_err(|e| ctx.store_error(e))?;
+    let value = stored.into_iter().next().map(|o| o.value.as_ref().clone()).unwrap_or_default();
+    Ok((value, warnings))
+}
+
+fn current(ctx: &Ctx) -> Result<Object, ApiError> {
+    ctx.server
+        .store
+        .get(&ctx.key(ctx.name()))
+        .ok_or_else(|| ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name()))
+}
+
+fn parse_rv(s: &str) -> Result<Rv, ApiError> {
+    s.parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}: must be an unsigned integer")))
+}
+
+async fn update(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
+    read_only(ctx)?;
+    let old = current(ctx)?;
+    let new = request::parse_body(&ctx.headers, body)?;
+    check_type(ctx, &new)?;
+    let name = meta_str(&new, "name").unwrap_or_default();
+    if name != ctx.name() {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({name}) does not match the name on the URL ({})",
+            ctx.name()
+        )));
+    }
+    let Some(rv) = meta_str(&new, "resourceVersion").filter(|s| !s.is_empty()) else {
+        return Err(ApiError::invalid(
+            &ctx.def.group,
+            &ctx.def.kind,
+            ctx.name(),
+            &[FieldError::invalid("metadata.resourceVersion", "0x0", "must be specified for an update")],
+        ));
+    };
+    let expected = parse_rv(rv)?;
+    let (code, value, warnings) = write_update(ctx, &old, new, Some(expected)).await?;
+    Ok(ctx.respond(code, &value, &warnings))
+}
+
+async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
+    read_only(ctx)?;
+    let content_type = request::content_type(&ctx.headers);
+    let keys = patch::SchemaListKeys::new(ctx.def.schema.as_ref());
+    let old = match ctx.server.store.get(&ctx.key(ctx.name())) {
+        Some(old) => old,
+        None if content_type == "application/apply-patch+yaml" && ctx.sub().is_none() => {
+            let applied = request::parse_body(&ctx.headers, body)?;
+            let manager = required_manager(ctx)?;
+            let object = patch::apply(None, &applied, &manager, force(ctx), &keys, &now_rfc3339())?;
+            let (stored, warnings) = create_object(ctx, object, Some(&manager)).await?;
+            return Ok(ctx.respond(StatusCode::CREATED, &stored, &warnings));
+        }
+        None => return Err(ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name())),
+    };
+    let mut patched = old.value.as_ref().clone();
+    match content_type.as_str() {
+        "application/merge-patch+json" => {
+            let p = request::parse_body(&ctx.headers, body)?;
+            patch::merge_patch(&mut patched, &p);
+        }
+        "application/json-patch+json" => {
+            let p = request::parse_body(&ctx.headers, body)?;
+            patch::json_patch(&mut patched, &p)?;
+        }
+        "application/strategic-merge-patch+json" => {
+            let p = request::parse_body(&ctx.headers, body)?;
+            patch::strategic_merge_patch(&mut patched, &p, &keys)?;
+        }
+        "application/apply-patch+yaml" => {
+            let applied = request::parse_body(&ctx.headers, body)?;
+            check_type(ctx, &applied)?;
+            let manager = required_manager(ctx)?;
+            patched = patch::apply(Some(&patched), &applied, &manager, force(ctx), &keys, &now_rfc3339())?;
+        }
+        other => return Err(ApiError::unsupported_media_type(other)),
+    }
+    // A patch that sets metadata.resourceVersion is a precondition.
+    let expected = match meta_str(&patched, "resourceVersion") {
+        Some(rv) if rv != old.rv.to_string() => Some(parse_rv(rv)?),
+        _ => None,
+    };
+    let (code, value, warnings) = write_update(ctx, &old, patched, expected).await?;
+    Ok(ctx.respond(code, &value, &warnings))
+}
+
+fn required_manager(ctx: &Ctx) -> Result<String, ApiError> {
+    ctx.query.get("fieldManager").map(str::to_string).ok_or_else(|| {
+        ApiError::bad_request("PATCH, application/apply-patch+yaml: fieldManager is required for apply requests")
+    })
+}
+
+fn force(ctx: &Ctx) -> bool {
+    ctx.query.flag("force")
+}
+
+/// The part of an object that bumps `metadata.generation` when it changes:
+/// everything but metadata and status.
+fn spec_part(value: &Value) -> Map<String, Value> {
+    let mut m = value.as_object().cloned().unwrap_or_default();
+    m.remove("metadata");
+    m.remove("status");
+    m
+}
+
+/// Finishes an update (PUT or PATCH, main resource or status): carries over
+/// what clients cannot change, validates, admits and commits. Returns 200
+/// and the stored object.
+async fn write_update(
+    ctx: &Ctx,
+    old: &Object,
+    mut new: Value,
+    expected: Option<Rv>,
+) -> Result<(StatusCode, Value, Vec<String>), ApiError> {
+    let mut warnings = Vec::new();
+    if !new.is_object() {
+        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+    }
+    if let Some(expected) = expected {
+        if expected != old.rv {
+            return Err(ApiError::conflict(
+                &ctx.def.group,
+                &ctx.def.plural,
+                ctx.name(),
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+    }
+    let status_write = ctx.sub() == Some("status");
+    if status_write {
+        // Only status changes through /status.
+        let mut merged = old.value.as_ref().clone();
+        merged["status"] = new.get("status").cloned().unwrap_or(Value::Null);
+        if merged["status"].is_null() {
+            if let Some(o) = merged.as_object_mut() {
+                o.remove("status");
+            }
+        }
+        new = merged;
+    } else if ctx.def.status_subresource {
+        match old.value.get("status") {
+            Some(status) => new["status"] = status.clone(),
+            None => {
+                if let Some(o) = new.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+    }
+    // What the server owns in metadata.
+    let old_meta = meta(&old.value).clone();
+    let meta = metadata_mut(&mut new);
+    for field in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+        match old_meta.get(field) {
+            Some(v) => meta.insert(field.into(), v.clone()),
+            None => meta.remove(field),
+        };
+    }
+    meta.insert("resourceVersion".into(), old.rv.to_string().into());
+    validate_fields(ctx, &mut new, &mut warnings)?;
+    if spec_part(&new) != spec_part(&old.value) {
+        let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+        metadata_mut(&mut new).insert("generation".into(), generation.into());
+    }
+    // Apply recorded its own ownership; other writes own what they changed.
+    if !is_apply(ctx) {
+        patch::record_update(Some(&old.value), &mut new, &ctx.manager(), &ctx.def.api_version(), &now_rfc3339());
+    }
+    if new == *old.value {
+        // A no-op write does not change the resourceVersion.
+        return Ok((StatusCode::OK, new, warnings));
+    }
+    let outcome = run_admission(ctx, Operation::Update, Some(&old.value), &mut new)?;
+    warnings.extend(outcome.warnings);
+    if ctx.dry_run() {
+        return Ok((StatusCode::OK, new, warnings));
+    }
+    // The last finalizer gone from an object being deleted: delete it.
+    let finalizers_empty = meta_finalizers(&new).is_empty();
+    let deleting = super::meta(&new).contains_key("deletionTimestamp");
+    let op = if deleting && finalizers_empty {
+        Op::Delete { key: ctx.key(ctx.name()), expected: Some(old.rv) }
+    } else {
+        Op::Update { key: ctx.key(ctx.name()), value: new, expected: Some(old.rv) }
+    };
+    let stored = ctx.server.store.commit(vec![op]).await.map_err(|e| ctx.store_error(e))?;
+    let value = stored.into_iter().next().map(|o| o.value.as_ref().clone()).unwrap_or_default();
+    Ok((StatusCode::OK, value, warnings))
+}
+
+fn is_apply(ctx: &Ctx) -> bool {
+    request::content_type(&ctx.headers) == "application/apply-patch+yaml"
+}
+
+fn meta_finalizers(value: &Value) -> Vec<String> {
+    meta(value)
+        .get("finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// `DeleteOptions` of a delete request body, when given.
+fn delete_options(ctx: &Ctx, body: &[u8]) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    request::parse_body(&ctx.headers, body)
+}
+
+async fn delete(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
+    read_only(ctx)?;
+    let options = delete_options(ctx, body)?;
+    let old = current(ctx)?;
+    let (code, value, warnings) = delete_object(ctx, &old, &options).await?;
+    Ok(ctx.respond(code, &value, &warnings))
+}
+
+/// Deletes one object: with finalizers it is marked (`deletionTimestamp`)
+/// and stays until they are removed; without, it goes at once.
+async fn delete_object(ctx: &Ctx, old: &Object, options: &Value) -> Result<(StatusCode, Value, Vec<String>), ApiError> {
+    let name = old.key.name.clone();
+    let preconditions = options.get("preconditions");
+    if let Some(uid) = preconditions.and_then(|p| p.get("uid")).and_then(Value::as_str) {
+        if Some(uid) != meta_str(&old.value, "uid") {
+            return Err(ApiError::conflict(
+                &ctx.def.group,
+                &ctx.def.plural,
+                &name,
+                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old.value, "uid").unwrap_or_default()),
+            ));
+        }
+    }
+    let expected = match preconditions.and_then(|p| p.get("resourceVersion")).and_then(Value::as_str) {
+        Some(rv) => Some(parse_rv(rv)?),
+        None => None,
+    };
+    if expected.is_some_and(|rv| rv != old.rv) {
+        return Err(ApiError::conflict(
+            &ctx.def.group,
+            &ctx.def.plural,
+            &name,
+            &format!("Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}", expected.unwrap_or_default(), old.rv),
+        ));
+    }
+    let mut marked = old.value.as_ref().clone();
+    let outcome = run_admission(ctx, Operation::Delete, Some(&old.value), &mut marked)?;
+    let dry_run = ctx.dry_run() || options.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|v| v == "All"));
+    let key = Key::new(&ctx.def.store_key(), ctx.target.namespace.as_deref(), &name);
+    if meta_finalizers(&old.value).is_empty() {
+        if !dry_run {
+            ctx.server
+                .store
+                .commit(vec![Op::Delete { key, expected: Some(old.rv) }])
+                .await
+                .map_err(|e| ctx.store_error(e))?;
+        }
+        let uid = meta_str(&old.value, "uid").unwrap_or_default();
+        return Ok((StatusCode::OK, status::success(&ctx.def.group, &ctx.def.plural, &name, uid), outcome.warnings));
+    }
+    if super::meta(&old.value).contains_key("deletionTimestamp") || dry_run {
+        return Ok((StatusCode::OK, old.value.as_ref().clone(), outcome.warnings));
+    }
+    let meta = metadata_mut(&mut marked);
+    meta.insert("deletionTimestamp".into(), now_rfc3339().into());
+    meta.insert("deletionGracePeriodSeconds".into(), 0.into());
+    let stored = ctx
+        .server
+        .store
+        .commit(vec![Op::Update { key, value: marked, expected: Some(old.rv) }])
+        .await
+        .map_err(|e| ctx.store_error(e))?;
+    let value = stored.into_iter().next().map(|o| o.value.as_ref().clone()).unwrap_or_default();
+    Ok((StatusCode::OK, value, outcome.warnings))
+}
+
+async fn delete_collection(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
+    read_only(ctx)?;
+    let options = delete_options(ctx, body)?;
+    let selectors = Selectors::parse(ctx)?;
+    let (objects, _) = ctx.server.store.list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
+    let mut deleted = Vec::new();
+    let mut warnings = Vec::new();
+    for object in objects.iter().filter(|o| selectors.matches(&o.value)) {
+        match delete_object(ctx, object, &options).await {
+            Ok((_, _, w)) => {
+                deleted.push(object.value.as_ref().clone());
+                warnings.extend(w);
+            }
+            // Deleted meanwhile: nothing left to do.
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let body = json!({
+        "apiVersion": ctx.def.api_version(),
+        "kind": ctx.def.list_kind,
+        "metadata": {"resourceVersion": ctx.server.store.revision().to_string()},
+        "items": deleted,
+    });
+    Ok(ctx.respond(StatusCode::OK, &body, &warnings))
+}
+
+async fn logs(ctx: &Ctx) -> Result<Response, ApiError> {
+    let pod = current(ctx)?;
+    let Some(source) = &ctx.server.logs else {
+        return Err(ApiError::new(400, "BadRequest", format!("no logs are available for pod {}", ctx.name())));
+    };
+    let tail = match ctx.query.get("tailLines") {
+        Some(t) => Some(t.parse::<i64>().map_err(|_| ApiError::bad_request(format!("tailLines: invalid value {t:?}")))?),
+        None => None,
+    };
+    let stream = source
+        .logs(&pod.value, ctx.query.get("container"), ctx.query.flag("follow"), tail)
+        .await?;
+    Ok(request::stream_response("text/plain", stream))
+}
+

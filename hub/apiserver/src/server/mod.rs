@@ -1,0 +1,204 @@
+//! The HTTP side: Kubernetes REST conventions over [`Store`], for the
+//! resources a [`Server`] is given.
+//!
+//! - [`discovery`]: `/version`, `/api`, `/apis`, resource lists, OpenAPI v3;
+//! - [`handlers`]: get, list, create, update, patch, delete, deletecollection,
+//!   the `status` subresource;
+//! - [`watch`]: JSON watch streams with bookmarks and 410 Expired;
+//! - [`request`]: URL and content negotiation, authentication, responses.
+
+mod discovery;
+mod handlers;
+mod request;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use serde_json::Value;
+
+pub use self::request::LogSource;
+use crate::admission::{self, Admission};
+use crate::auth::{self, Authenticator, Authorizer};
+use crate::resource::ResourceDef;
+use crate::store::Store;
+
+/// What `/version` answers.
+#[derive(Debug, Clone)]
+pub struct VersionInfo {
+    pub git_version: String,
+    pub platform: String,
+}
+
+impl Default for VersionInfo {
+    fn default() -> Self {
+        VersionInfo {
+            git_version: format!("v{}", env!("CARGO_PKG_VERSION")),
+            platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+        }
+    }
+}
+
+/// A Kubernetes-style API server over a store.
+pub struct Server {
+    store: Arc<dyn Store>,
+    resources: Vec<Arc<ResourceDef>>,
+    /// (group, version, plural) → index into `resources`.
+    index: BTreeMap<(String, String, String), usize>,
+    admission: Arc<dyn Admission>,
+    /// `None`: every request runs as an anonymous admin (stand-ins, tests).
+    authenticator: Option<Arc<Authenticator>>,
+    authorizer: Arc<dyn Authorizer>,
+    logs: Option<Arc<dyn LogSource>>,
+    version: VersionInfo,
+    bookmark_interval: Duration,
+}
+
+/// Builds a [`Server`].
+pub struct Builder {
+    server: Server,
+}
+
+impl Builder {
+    pub fn resource(mut self, def: ResourceDef) -> Self {
+        let key = (def.group.clone(), def.version.clone(), def.plural.clone());
+        self.server.index.insert(key, self.server.resources.len());
+        self.server.resources.push(Arc::new(def));
+        self
+    }
+    pub fn admission(mut self, admission: Arc<dyn Admission>) -> Self {
+        self.server.admission = admission;
+        self
+    }
+    pub fn authenticator(mut self, authenticator: Arc<Authenticator>) -> Self {
+        self.server.authenticator = Some(authenticator);
+        self
+    }
+    pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.server.authorizer = authorizer;
+        self
+    }
+    pub fn logs(mut self, logs: Arc<dyn LogSource>) -> Self {
+        self.server.logs = Some(logs);
+        self
+    }
+    pub fn version(mut self, version: VersionInfo) -> Self {
+        self.server.version = version;
+        self
+    }
+    /// How often an idle watch that asked for bookmarks gets one (default 60 s,
+    /// kube-apiserver sends them about once a minute).
+    pub fn bookmark_interval(mut self, interval: Duration) -> Self {
+        self.server.bookmark_interval = interval;
+        self
+    }
+    pub fn build(self) -> Arc<Server> {
+        Arc::new(self.server)
+    }
+}
+
+impl Server {
+    pub fn builder(store: Arc<dyn Store>) -> Builder {
+        Builder {
+            server: Server {
+                store,
+                resources: Vec::new(),
+                index: BTreeMap::new(),
+                admission: Arc::new(admission::AllowAll),
+                authenticator: None,
+                authorizer: Arc::new(auth::AllowAll),
+                logs: None,
+                version: VersionInfo::default(),
+                bookmark_interval: Duration::from_secs(60),
+            },
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn resources(&self) -> &[Arc<ResourceDef>] {
+        &self.resources
+    }
+
+    fn resource(&self, group: &str, version: &str, plural: &str) -> Option<&Arc<ResourceDef>> {
+        self.index
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
+            .map(|&i| &self.resources[i])
+    }
+
+    /// The HTTP routes. Serve them with [`crate::tls::serve`] (TLS, client
+    /// certificates) or any axum server.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let ok = || async { "ok" };
+        Router::new()
+            .route("/healthz", get(ok))
+            .route("/livez", get(ok))
+            .route("/readyz", get(ok))
+            .route("/version", get(discovery::version))
+            .route("/api", get(discovery::core_versions))
+            .route("/apis", get(discovery::groups))
+            .route("/openapi/v3", get(discovery::openapi_index))
+            .route("/openapi/v3/{*path}", get(discovery::openapi_doc))
+            .route("/api/{*rest}", axum::routing::any(handlers::core))
+            .route("/apis/{*rest}", axum::routing::any(handlers::grouped))
+            .fallback(handlers::not_found)
+            .with_state(self.clone())
+    }
+}
+
+/// `metadata` of an object, or an empty map.
+pub(crate) fn meta(value: &Value) -> &serde_json::Map<String, Value> {
+    static EMPTY: std::sync::OnceLock<serde_json::Map<String, Value>> = std::sync::OnceLock::new();
+    value
+        .get("metadata")
+        .and_then(Value::as_object)
+        .unwrap_or_else(|| EMPTY.get_or_init(serde_json::Map::new))
+}
+
+pub(crate) fn meta_str<'a>(value: &'a Value, field: &str) -> Option<&'a str> {
+    meta(value).get(field).and_then(Value::as_str)
+}
+
+impl Server {
+    /// Creates `object` as the server itself (no authentication or
+    /// authorization; admission and validation apply), for objects a server
+    /// installs at start. The resource comes from `apiVersion` and `kind`,
+    /// the namespace from `metadata.namespace` (default `default`).
+    pub async fn create_object(self: &Arc<Self>, object: Value) -> Result<Value, crate::status::ApiError> {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let def = self
+            .resources
+            .iter()
+            .find(|r| r.api_version() == api_version && r.kind == kind)
+            .cloned()
+            .ok_or_else(|| crate::status::ApiError::bad_request(format!("no resource serves {api_version} {kind}")))?;
+        let namespace = def.namespaced.then(|| meta_str(&object, "namespace").unwrap_or("default").to_string());
+        let ctx = handlers::Ctx {
+            server: self.clone(),
+            target: request::Target {
+                group: def.group.clone(),
+                version: def.version.clone(),
+                namespace,
+                plural: def.plural.clone(),
+                name: None,
+                subresource: None,
+            },
+            def,
+            query: request::Query::default(),
+            headers: axum::http::HeaderMap::new(),
+            user: auth::UserInfo {
+                name: "system:trainhub".into(),
+                uid: String::new(),
+                groups: vec!["system:masters".into()],
+            },
+            format: request::Format::Json,
+        };
+        handlers::create_object(&ctx, object, None).await.map(|(value, _)| value)
+    }
+}

@@ -1,0 +1,208 @@
+//! Watch streams: one JSON object per line, `{"type": ..., "object": ...}`,
+//! as kube-apiserver writes them.
+//!
+//! - no `resourceVersion` (or `0`): the current objects as `ADDED`, then
+//!   changes; a version: the changes after it, or one `ERROR` event with a
+//!   410 Expired status when the history no longer holds it;
+//! - `sendInitialEvents=true`: the current objects, then a bookmark
+//!   annotated `k8s.io/initial-events-end`;
+//! - `allowWatchBookmarks`: a `BOOKMARK` with the latest resourceVersion
+//!   every bookmark interval;
+//! - selectors apply to transitions: an object that stops matching is sent
+//!   as `DELETED`, one that starts matching as `ADDED`;
+//! - the stream ends after `timeoutSeconds` (default 30 minutes), when the
+//!   client goes, or when it lags too far behind (the client re-watches).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use super::handlers::{Ctx, Selectors, now_unix, partial_metadata};
+use super::request::{self, Format};
+use crate::status::ApiError;
+use crate::store::{Event, EventType, Key, Rv};
+use crate::table;
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
+    let selectors = Selectors::parse(&ctx)?;
+    let rv = match ctx.query.get("resourceVersion") {
+        None | Some("0") => None,
+        Some(rv) => Some(
+            rv.parse::<Rv>()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?,
+        ),
+    };
+    let send_initial = ctx.query.flag("sendInitialEvents");
+    let bookmarks = ctx.query.flag("allowWatchBookmarks");
+    let timeout = match ctx.query.get("timeoutSeconds") {
+        Some(t) => Duration::from_secs(
+            t.parse::<u64>()
+                .map_err(|_| ApiError::bad_request(format!("timeoutSeconds: invalid value {t:?}")))?,
+        ),
+        None => DEFAULT_TIMEOUT,
+    };
+    let store = ctx.server.store.clone();
+    let resource = ctx.def.store_key();
+    let namespace = ctx.target.namespace.clone();
+
+    // The initial state, when asked for, and the version to follow from.
+    let (initial, since) = match rv {
+        Some(rv) if !send_initial => (Vec::new(), rv),
+        _ => {
+            let (objects, list_rv) = store.list(&resource, namespace.as_deref());
+            (objects, list_rv)
+        }
+    };
+    let (tx, rx) = mpsc::channel::<bytes::Bytes>(64);
+    let format = ctx.format;
+    let watch = match store.watch(&resource, namespace.as_deref(), Some(since)) {
+        Ok(w) => w,
+        Err(crate::store::StoreError::Gone { requested, oldest }) => {
+            let status = ApiError::expired(format!("too old resource version: {requested} ({oldest})")).to_status();
+            let line = line("ERROR", &status);
+            let _ = tx.send(line).await;
+            drop(tx);
+            return Ok(streaming(rx));
+        }
+        Err(e) => return Err(ApiError::from_store(e, &ctx.def.group, &ctx.def.plural)),
+    };
+    let interval = ctx.server.bookmark_interval;
+    tokio::spawn(async move {
+        let mut w = Writer { ctx, selectors, tx, format, visible: HashSet::new(), last_rv: since };
+        for object in &initial {
+            if !w.send_state(EventType::Added, &object.key, &object.value).await {
+                return;
+            }
+        }
+        if send_initial {
+            let bookmark = w.bookmark(since, true);
+            if !w.send_raw("BOOKMARK", &bookmark).await {
+                return;
+            }
+        }
+        for event in &watch.replay {
+            if !w.send_event(event).await {
+                return;
+            }
+        }
+        let mut live = watch.live;
+        let closed = w.tx.clone();
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = closed.closed() => return,
+                _ = ticker.tick(), if bookmarks => {
+                    let b = w.bookmark(w.last_rv, false);
+                    if !w.send_raw("BOOKMARK", &b).await {
+                        return;
+                    }
+                }
+                event = live.recv() => match event {
+                    Ok(event) => {
+                        if event.object.rv <= watch.replayed_up_to.max(since) {
+                            continue;
+                        }
+                        if event.object.key.resource != resource
+                            || namespace.as_deref().is_some_and(|ns| ns != event.object.key.namespace)
+                        {
+                            continue;
+                        }
+                        if !w.send_event(&event).await {
+                            return;
+                        }
+                    }
+                    // Too far behind, or the store is closing: end the watch,
+                    // the client re-watches from its last version.
+                    Err(broadcast::error::RecvError::Lagged(_)) | Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+    Ok(streaming(rx))
+}
+
+struct Writer {
+    ctx: Ctx,
+    selectors: Selectors,
+    tx: mpsc::Sender<bytes::Bytes>,
+    format: Format,
+    /// Keys the client currently sees (for selector transitions).
+    visible: HashSet<Key>,
+    last_rv: Rv,
+}
+
+impl Writer {
+    fn matches(&self, key: &Key, value: &Value) -> bool {
+        self.ctx.target.name.as_deref().is_none_or(|n| n == key.name) && self.selectors.matches(value)
+    }
+
+    async fn send_event(&mut self, event: &Event) -> bool {
+        self.last_rv = event.object.rv;
+        self.send_state(event.kind, &event.object.key, &event.object.value).await
+    }
+
+    /// Sends what the client must see of a change, given what it saw before.
+    async fn send_state(&mut self, kind: EventType, key: &Key, value: &Value) -> bool {
+        let matches = kind != EventType::Deleted && self.matches(key, value);
+        let was_visible = self.visible.contains(key);
+        let sent_type = match (was_visible, matches) {
+            (false, true) => {
+                self.visible.insert(key.clone());
+                "ADDED"
+            }
+            (true, true) => "MODIFIED",
+            (true, false) => {
+                self.visible.remove(key);
+                "DELETED"
+            }
+            (false, false) => return true,
+        };
+        let object = self.render(value);
+        self.send_raw(sent_type, &object).await
+    }
+
+    fn render(&self, value: &Value) -> Value {
+        match self.format {
+            Format::Table => table::to_table(&self.ctx.def, &[value], None, table::IncludeObject::Metadata, now_unix()),
+            Format::Metadata => partial_metadata(value),
+            _ => value.clone(),
+        }
+    }
+
+    fn bookmark(&self, rv: Rv, initial_end: bool) -> Value {
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if initial_end {
+            metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        json!({"kind": self.ctx.def.kind, "apiVersion": self.ctx.def.api_version(), "metadata": metadata})
+    }
+
+    async fn send_raw(&self, kind: &str, object: &Value) -> bool {
+        self.tx.send(line(kind, object)).await.is_ok()
+    }
+}
+
+fn line(kind: &str, object: &Value) -> bytes::Bytes {
+    let mut bytes = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes::Bytes::from(bytes)
+}
+
+fn streaming(rx: mpsc::Receiver<bytes::Bytes>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    let mut response = request::stream_response("application/json", Box::pin(stream));
+    *response.status_mut() = StatusCode::OK;
+    response
+}

@@ -1,0 +1,2 @@
+// STUB
+pub struct PeerCertificate(pub Option<std::sync::Arc<Vec<u8>>>);

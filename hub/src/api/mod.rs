@@ -1,0 +1,186 @@
+//! The hub's API: which resources it serves, read from the CRDs in
+//! `manifests/crds/` (so discovery, OpenAPI, printer columns and field
+//! pruning follow the same schema a real API server would enforce), plus the
+//! read-only core views of what spokes report (pods, events) and the
+//! configuration clients read (configmaps).
+
+use anyhow::{Context, Result, anyhow};
+use serde_json::Value;
+use trainhub_apiserver::resource::{PrinterColumn, ResourceDef};
+
+const CRDS: &[(&str, &str)] = &[
+    (
+        "trainer.kubeflow.org_trainjobs.yaml",
+        include_str!("../../../manifests/crds/trainer.kubeflow.org_trainjobs.yaml"),
+    ),
+    (
+        "trainer.kubeflow.org_trainingruntimes.yaml",
+        include_str!("../../../manifests/crds/trainer.kubeflow.org_trainingruntimes.yaml"),
+    ),
+    (
+        "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        include_str!("../../../manifests/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml"),
+    ),
+];
+
+/// Store keys of the trainer kinds.
+pub const TRAINJOBS: &str = "trainer.kubeflow.org/trainjobs";
+pub const TRAINING_RUNTIMES: &str = "trainer.kubeflow.org/trainingruntimes";
+pub const CLUSTER_TRAINING_RUNTIMES: &str = "trainer.kubeflow.org/clustertrainingruntimes";
+pub const PODS: &str = "pods";
+pub const EVENTS: &str = "events";
+pub const CONFIGMAPS: &str = "configmaps";
+
+/// Every resource the hub serves.
+pub fn resources() -> Result<Vec<ResourceDef>> {
+    let mut defs = Vec::new();
+    for (file, text) in CRDS {
+        let crd: Value = serde_saphyr::from_str(text).with_context(|| format!("parsing {file}"))?;
+        defs.push(from_crd(&crd).with_context(|| format!("reading {file}"))?);
+    }
+    defs.extend(core_resources());
+    Ok(defs)
+}
+
+/// A served resource from a CustomResourceDefinition (its first served
+/// version).
+pub fn from_crd(crd: &Value) -> Result<ResourceDef> {
+    let spec = &crd["spec"];
+    let names = &spec["names"];
+    let text = |v: &Value, what: &str| -> Result<String> {
+        v.as_str().map(str::to_string).ok_or_else(|| anyhow!("{what} is missing"))
+    };
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default()
+    };
+    let version = spec["versions"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["served"].as_bool() != Some(false)))
+        .ok_or_else(|| anyhow!("spec.versions has no served version"))?;
+    let printer_columns = version["additionalPrinterColumns"]
+        .as_array()
+        .map(|cols| {
+            cols.iter()
+                .map(|c| PrinterColumn {
+                    name: c["name"].as_str().unwrap_or_default().to_string(),
+                    type_: c["type"].as_str().unwrap_or("string").to_string(),
+                    json_path: c["jsonPath"].as_str().unwrap_or_default().to_string(),
+                    description: c["description"].as_str().unwrap_or_default().to_string(),
+                    priority: c["priority"].as_i64().unwrap_or(0) as i32,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(ResourceDef {
+        group: text(&spec["group"], "spec.group")?,
+        version: text(&version["name"], "spec.versions[].name")?,
+        kind: text(&names["kind"], "spec.names.kind")?,
+        list_kind: names["listKind"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{}List", names["kind"].as_str().unwrap_or_default())),
+        plural: text(&names["plural"], "spec.names.plural")?,
+        singular: names["singular"].as_str().unwrap_or_default().to_string(),
+        short_names: strings(&names["shortNames"]),
+        categories: strings(&names["categories"]),
+        namespaced: spec["scope"].as_str() == Some("Namespaced"),
+        status_subresource: version["subresources"]["status"].is_object(),
+        printer_columns,
+        schema: version["schema"]["openAPIV3Schema"].as_object().map(|o| Value::Object(o.clone())),
+        selectable_fields: version["selectableFields"]
+            .as_array()
+            .map(|fs| {
+                fs.iter()
+                    .filter_map(|f| f["jsonPath"].as_str())
+                    .map(|p| p.trim_start_matches('.').to_string())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ..Default::default()
+    })
+}
+
+/// The core/v1 views: pods (with logs) and events of TrainJobs as spokes
+/// report them, and configmaps the hub publishes (the Kubeflow SDK reads
+/// `kubeflow-system/kubeflow-trainer-public` for the trainer version).
+fn core_resources() -> Vec<ResourceDef> {
+    let core = |kind: &str, plural: &str, short: &[&str]| ResourceDef {
+        group: String::new(),
+        version: "v1".into(),
+        kind: kind.into(),
+        list_kind: format!("{kind}List"),
+        plural: plural.into(),
+        singular: kind.to_ascii_lowercase(),
+        short_names: short.iter().map(|s| s.to_string()).collect(),
+        namespaced: true,
+        read_only: true,
+        ..Default::default()
+    };
+    let column = |name: &str, type_: &str, json_path: &str| PrinterColumn {
+        name: name.into(),
+        type_: type_.into(),
+        json_path: json_path.into(),
+        description: String::new(),
+        priority: 0,
+    };
+    let mut pods = core("Pod", "pods", &["po"]);
+    pods.log_subresource = true;
+    pods.categories = vec!["all".into()];
+    pods.selectable_fields = vec!["spec.nodeName".into(), "status.phase".into()];
+    pods.printer_columns = vec![
+        column("Status", "string", ".status.phase"),
+        column("Restarts", "integer", ".status.containerStatuses[0].restartCount"),
+        column("Node", "string", ".spec.nodeName"),
+        column("Age", "date", ".metadata.creationTimestamp"),
+    ];
+    let mut events = core("Event", "events", &["ev"]);
+    events.selectable_fields = [
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    events.printer_columns = vec![
+        column("Last Seen", "date", ".lastTimestamp"),
+        column("Type", "string", ".type"),
+        column("Reason", "string", ".reason"),
+        column("Object", "string", ".involvedObject.name"),
+        column("Message", "string", ".message"),
+    ];
+    let mut configmaps = core("ConfigMap", "configmaps", &["cm"]);
+    configmaps.printer_columns = vec![column("Age", "date", ".metadata.creationTimestamp")];
+    vec![pods, events, configmaps]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trainer_resources_come_from_the_crds() {
+        let defs = resources().unwrap();
+        let tj = defs.iter().find(|d| d.plural == "trainjobs").unwrap();
+        assert_eq!(tj.group, "trainer.kubeflow.org");
+        assert_eq!(tj.version, "v1alpha1");
+        assert_eq!(tj.kind, "TrainJob");
+        assert!(tj.namespaced && tj.status_subresource);
+        assert_eq!(tj.printer_columns[0].name, "State");
+        assert_eq!(tj.store_key(), TRAINJOBS);
+        let ctr = defs.iter().find(|d| d.plural == "clustertrainingruntimes").unwrap();
+        assert!(!ctr.namespaced);
+        assert_eq!(ctr.store_key(), CLUSTER_TRAINING_RUNTIMES);
+        assert!(defs.iter().any(|d| d.store_key() == PODS && d.read_only && d.log_subresource));
+    }
+}

@@ -1,0 +1,110 @@
+//! `trainhub`: the hub server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use trainhub::dev::DevArgs;
+use trainhub::hub::{Config, Hub};
+
+#[derive(Parser)]
+#[command(name = "trainhub", version, about = "Federation hub for Kubeflow Trainer TrainJobs")]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", env = "TRAINHUB_LOG_FORMAT")]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the hub (Kubernetes API over TLS, embedded store).
+    Serve(ServeArgs),
+    /// The embedded default: a hub on 127.0.0.1 with its own CA, an admin
+    /// token and a kubeconfig, and local spokes.
+    Dev(DevArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[arg(long)]
+    data_dir: PathBuf,
+    #[arg(long, default_value = "0.0.0.0:6443")]
+    listen: SocketAddr,
+    #[arg(long)]
+    tls_cert_file: PathBuf,
+    #[arg(long)]
+    tls_private_key_file: PathBuf,
+    /// Accept client certificates signed by this CA (user = CN, groups = O).
+    #[arg(long)]
+    client_ca_file: Option<PathBuf>,
+    /// Bearer tokens, kube-apiserver's format: token,user,uid,"group1,group2".
+    #[arg(long)]
+    token_auth_file: Option<PathBuf>,
+    /// Admin groups and namespace grants (YAML).
+    #[arg(long)]
+    authorization_policy_file: Option<PathBuf>,
+    /// Custom plugins directory, hot-reloaded.
+    #[arg(long)]
+    plugins_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    trainhub::logging::init(&cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Dev(args) => trainhub::dev::run(args, shutdown_signal()).await,
+            Command::Serve(args) => {
+                let hub = Hub::open(Config {
+                    data_dir: args.data_dir,
+                    listen: args.listen,
+                    tls_cert: args.tls_cert_file,
+                    tls_key: args.tls_private_key_file,
+                    client_ca: args.client_ca_file,
+                    token_file: args.token_auth_file,
+                    policy_file: args.authorization_policy_file,
+                    plugins_dir: args.plugins_dir,
+                })?;
+                hub.serve(|_| {}, shutdown_signal()).await
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

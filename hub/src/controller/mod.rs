@@ -1,0 +1,102 @@
+//! Controllers: loops that act on what the store holds, each a pure
+//! decision function plus a runner that watches the store and writes back.
+//!
+//! - [`lifecycle`]: suspension and the active deadline of TrainJobs.
+
+pub mod lifecycle;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use tokio::sync::broadcast::error::RecvError;
+use trainhub_apiserver::store::{Key, Op, Store, StoreError};
+
+use crate::api::TRAINJOBS;
+
+/// Runs the lifecycle controller until `shutdown` resolves.
+pub async fn run_lifecycle(store: Arc<dyn Store>, shutdown: impl std::future::Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            () = lifecycle_pass(store.as_ref()) => {
+                // The watch ended (lagging, compaction): start over from a list.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Lists, reconciles everything, then follows changes and deadlines until
+/// the watch breaks.
+async fn lifecycle_pass(store: &dyn Store) {
+    let mut timers: BTreeMap<Timestamp, HashSet<Key>> = BTreeMap::new();
+    let (objects, rv) = store.list(TRAINJOBS, None);
+    let mut watch = match store.watch(TRAINJOBS, None, Some(rv)) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "lifecycle: watching TrainJobs");
+            return;
+        }
+    };
+    for object in objects {
+        reconcile_key(store, &object.key, &mut timers).await;
+    }
+    for event in std::mem::take(&mut watch.replay) {
+        reconcile_key(store, &event.object.key, &mut timers).await;
+    }
+    loop {
+        let next_timer = timers.keys().next().copied();
+        let sleep = async {
+            match next_timer {
+                Some(at) => {
+                    let wait = at.duration_since(Timestamp::now()).unsigned_abs();
+                    tokio::time::sleep(wait.min(std::time::Duration::from_secs(3600))).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = sleep => {
+                let now = Timestamp::now();
+                let due: Vec<Timestamp> = timers.range(..=now).map(|(t, _)| *t).collect();
+                for t in due {
+                    for key in timers.remove(&t).unwrap_or_default() {
+                        reconcile_key(store, &key, &mut timers).await;
+                    }
+                }
+            }
+            event = watch.live.recv() => match event {
+                Ok(event) if event.object.rv > watch.replayed_up_to && watch.matches(&event) => {
+                    reconcile_key(store, &event.object.key, &mut timers).await;
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+async fn reconcile_key(store: &dyn Store, key: &Key, timers: &mut BTreeMap<Timestamp, HashSet<Key>>) {
+    // Two tries: a conflict means someone wrote meanwhile; reread and redo.
+    for _ in 0..2 {
+        let Some(object) = store.get(key) else { return };
+        let decision = lifecycle::reconcile(&object.value, Timestamp::now());
+        if let Some(at) = decision.requeue_at {
+            timers.entry(at).or_default().insert(key.clone());
+        }
+        let Some(status) = decision.status else { return };
+        let mut value = object.value.as_ref().clone();
+        value["status"] = status;
+        match store.commit(vec![Op::Update { key: key.clone(), value, expected: Some(object.rv) }]).await {
+            Ok(_) => return,
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(StoreError::NotFound(_)) => return,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "lifecycle: writing status");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The hub process: store, plugins, admission, API server and controllers,
+//! assembled from a [`Config`] and served until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{Value, json};
+use trainhub_apiserver::auth::{Authenticator, Policy, PolicyAuthorizer, TokenFile};
+use trainhub_apiserver::server::Server;
+use trainhub_apiserver::store::{RedbStore, Store};
+
+use crate::admission::TrainerAdmission;
+use crate::plugins::registry::Registry;
+use crate::plugins::{Host, HostConfig};
+use crate::{api, builtin, controller, render};
+
+/// Watch events kept for resuming watches after a disconnect or restart.
+const WATCH_HISTORY: usize = 100_000;
+/// How often the plugins directory is rescanned.
+const PLUGIN_RESCAN: Duration = Duration::from_secs(2);
+
+/// Where the hub keeps its state and how it serves.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The store (`store.redb`) and the plugin compilation cache live here.
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// PEM files of the serving certificate and key.
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    /// CA whose client certificates are accepted (user = CN, groups = O).
+    pub client_ca: Option<PathBuf>,
+    /// kube-apiserver's token file format: `token,user,uid,"group1,group2"`.
+    pub token_file: Option<PathBuf>,
+    /// Admin groups and namespace grants; see `trainhub_apiserver::auth`.
+    pub policy_file: Option<PathBuf>,
+    /// Custom plugins (`NAME.wasm` + optional `NAME.yaml`), hot-reloaded.
+    pub plugins_dir: Option<PathBuf>,
+}
+
+/// A hub, opened and ready to serve.
+pub struct Hub {
+    pub store: Arc<dyn Store>,
+    pub plugins: Arc<Registry>,
+    pub server: Arc<Server>,
+    config: Config,
+}
+
+impl Hub {
+    /// Opens the store, loads the plugins and builds the API server.
+    pub fn open(config: Config) -> Result<Hub> {
+        std::fs::create_dir_all(&config.data_dir)
+            .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+        let store: Arc<dyn Store> = Arc::new(
+            RedbStore::open(&config.data_dir.join("store.redb"), WATCH_HISTORY)
+                .with_context(|| format!("opening the store in {}", config.data_dir.display()))?,
+        );
+        // Compiled plugins are cached by digest; TRAINHUB_PLUGIN_CACHE_DIR
+        // shares one cache between hubs (tests).
+        let cache_dir = std::env::var_os("TRAINHUB_PLUGIN_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| config.data_dir.join("plugin-cache"));
+        let host = Arc::new(Host::new(&HostConfig { cache_dir: Some(cache_dir) })?);
+        let builtins = builtin::load(&host).context("loading the built-in plugins")?;
+        let plugins = Arc::new(Registry::new(host, builtins, config.plugins_dir.clone()));
+        if config.plugins_dir.is_some() {
+            plugins.watch(PLUGIN_RESCAN).context("watching the plugins directory")?;
+        }
+        let tokens = match &config.token_file {
+            Some(path) => Some(TokenFile::load(path).with_context(|| format!("reading the token file {}", path.display()))?),
+            None => None,
+        };
+        let policy = match &config.policy_file {
+            Some(path) => Policy::load(path).with_context(|| format!("reading the policy file {}", path.display()))?,
+            None => Policy::default(),
+        };
+        let mut builder = Server::builder(store.clone())
+            .admission(Arc::new(TrainerAdmission::new(store.clone(), plugins.clone())))
+            .authenticator(Arc::new(Authenticator::new(tokens, config.client_ca.is_some())))
+            .authorizer(Arc::new(PolicyAuthorizer::new(policy)));
+        for def in api::resources()? {
+            builder = builder.resource(def);
+        }
+        Ok(Hub { store, plugins, server: builder.build(), config })
+    }
+
+    /// Installs `objects` that are not there yet (runtimes shipped with the
+    /// hub, the SDK's version ConfigMap), through admission like any create.
+    pub async fn install(&self, objects: Vec<Value>) -> Result<()> {
+        for object in objects {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            match self.server.create_object(object).await {
+                Ok(_) => tracing::info!(%name, "installed"),
+                Err(e) if e.code == 409 => {}
+                Err(e) => return Err(anyhow::anyhow!("installing {name}: {}", e.message)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves the API and runs the controllers until `shutdown` resolves.
+    /// `ready` is called once the listener accepts connections.
+    pub async fn serve(self, ready: impl FnOnce(SocketAddr), shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+        let cert = read(&self.config.tls_cert)?;
+        let key = read(&self.config.tls_key)?;
+        let client_ca = self.config.client_ca.as_ref().map(read).transpose()?;
+        let tls = trainhub_apiserver::tls::server_config(&cert, &key, client_ca.as_deref())?;
+        let listener = tokio::net::TcpListener::bind(self.config.listen)
+            .await
+            .with_context(|| format!("listening on {}", self.config.listen))?;
+        let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let lifecycle = tokio::spawn(controller::run_lifecycle(self.store.clone(), wait(stop_rx.clone())));
+        ready(addr);
+        tracing::info!(%addr, "serving the Kubernetes API");
+        let router = self.server.router();
+        let stop = async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        };
+        trainhub_apiserver::tls::serve(listener, tls, router, stop).await;
+        let _ = lifecycle.await;
+        Ok(())
+    }
+}
+
+async fn wait(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// What `trainhub dev` installs: the built-in ClusterTrainingRuntimes and the
+/// ConfigMap the Kubeflow SDK reads the trainer version from.
+pub fn default_objects() -> Result<Vec<Value>> {
+    let mut objects = Vec::new();
+    for (name, text) in render::BUILTIN_RUNTIMES {
+        objects.extend(render::parse_documents(name, text)?);
+    }
+    objects.push(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
+        "data": {"kubeflow_trainer_version": trainhub_api::TRAINER_VERSION},
+    }));
+    Ok(objects)
+}

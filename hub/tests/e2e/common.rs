@@ -1,0 +1,168 @@
+//! A `trainhub dev` process for a test: its own data directory, port and
+//! log; started, restarted, killed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The upstream Kubeflow Trainer manifests every client must get through.
+pub fn upstream_dir() -> PathBuf {
+    let shared = std::env::var_os("TRAINHUB_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"));
+    shared.join("upstream/kubeflow-trainer")
+}
+
+/// Compiled plugins are cached across the tests' hubs.
+fn plugin_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-plugin-cache")
+}
+
+pub struct DevHub {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl DevHub {
+    /// Starts a hub on a free port and waits until it is ready.
+    pub fn start() -> DevHub {
+        Self::start_with(|_| {})
+    }
+
+    /// As [`start`], after `prepare` wrote what it wants into the data
+    /// directory (tokens.csv, policy.yaml).
+    pub fn start_with(prepare: impl FnOnce(&Path)) -> DevHub {
+        let dir = tempfile::tempdir().expect("temp dir");
+        prepare(dir.path());
+        let mut hub = DevHub { dir, port: 0, child: None };
+        hub.launch();
+        hub
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("hub.log"))
+            .expect("hub log");
+        let child = Command::new(env!("CARGO_BIN_EXE_trainhub"))
+            .args(["dev", "--data-dir"])
+            .arg(self.dir.path())
+            .args(["--api-port", &self.port.to_string()])
+            .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting trainhub dev");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while !self.kubeconfig().exists() {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("trainhub dev exited with {status} before it was ready:\n{}", self.log());
+                }
+            }
+            assert!(Instant::now() < deadline, "trainhub dev not ready in time:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let text = std::fs::read_to_string(self.kubeconfig()).expect("kubeconfig");
+        let server = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server:"))
+            .expect("server in kubeconfig")
+            .trim()
+            .trim_matches('"')
+            .to_string();
+        self.port = server.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port in server URL");
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
+    }
+
+    fn signal(&mut self, signal: &str) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops the hub gracefully (SIGTERM) and starts it again on the same
+    /// port and data directory.
+    pub fn restart(&mut self) {
+        self.signal("-TERM");
+        self.launch();
+    }
+
+    /// Kills the hub (SIGKILL): no chance to flush or clean up.
+    pub fn kill(&mut self) {
+        self.signal("-KILL");
+    }
+
+    /// Starts a killed or stopped hub again.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the hub is still running");
+        self.launch();
+    }
+
+    /// Runs kubectl against this hub.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_stdin(args, None)
+    }
+
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig").arg(self.kubeconfig()).args(args);
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl is installed");
+        if let Some(input) = stdin {
+            use std::io::Write;
+            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("writing stdin");
+        }
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// kubectl that must succeed; returns stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed:\nstdout: {}\nstderr: {}\nhub log tail:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            tail(&self.log(), 40)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A kube-rs client from the hub's kubeconfig.
+    pub async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("reading kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("client config");
+        kube::Client::try_from(config).expect("client")
+    }
+}
+
+impl Drop for DevHub {
+    fn drop(&mut self) {
+        self.signal("-KILL");
+    }
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
