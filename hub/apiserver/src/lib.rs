@@ -18,6 +18,9 @@
 pub mod admission;
 pub mod auth;
 pub mod field;
+pub mod patch;
 pub mod resource;
+pub mod selector;
 pub mod status;
 pub mod store;
+pub mod table;
