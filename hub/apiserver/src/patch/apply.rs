@@ -185,13 +185,20 @@ fn set_managed_fields(obj: &mut Value, mut entries: Vec<Entry>) {
     entries.retain(|e| !e.set.is_empty());
     cap_update_managers(&mut entries);
     entries.sort_by(|a, b| {
-        (a.operation, &a.time, &a.manager, &a.api_version, &a.subresource).cmp(&(
-            b.operation,
-            &b.time,
-            &b.manager,
-            &b.api_version,
-            &b.subresource,
-        ))
+        (
+            a.operation,
+            &a.time,
+            &a.manager,
+            &a.api_version,
+            &a.subresource,
+        )
+            .cmp(&(
+                b.operation,
+                &b.time,
+                &b.manager,
+                &b.api_version,
+                &b.subresource,
+            ))
     });
     let Some(obj) = obj.as_object_mut() else {
         return;
@@ -329,7 +336,10 @@ pub fn apply_in(
     {
         return Err(ApiError::bad_request("metadata.managedFields must be nil"));
     }
-    let applied_version = applied.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let applied_version = applied
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     if let Some(live) = live {
         let expected = live.get("apiVersion").and_then(Value::as_str).unwrap_or("");
         if !expected.is_empty() && applied_version != expected {
@@ -636,7 +646,14 @@ mod tests {
         // kubectl edit flips suspend.
         let mut edited = live.clone();
         edited["spec"]["suspend"] = json!(false);
-        record_update(Some(&live), &mut edited, "kubectl-edit", TJ, &BuiltinListKeys, T1);
+        record_update(
+            Some(&live),
+            &mut edited,
+            "kubectl-edit",
+            TJ,
+            &BuiltinListKeys,
+            T1,
+        );
         let mf = entries(&edited);
         assert_eq!(mf.len(), 1, "the applier lost its only field: {mf:?}");
         assert_eq!(mf[0]["manager"], "kubectl-edit");
@@ -647,7 +664,9 @@ mod tests {
         assert_eq!((e.code, e.reason), (409, "Conflict"));
         assert_eq!(
             e.message,
-            format!("Apply failed with 1 conflict: conflict with \"kubectl-edit\" using {TJ}: .spec.suspend")
+            format!(
+                "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using {TJ}: .spec.suspend"
+            )
         );
         let s = e.to_status();
         assert_eq!(
@@ -671,7 +690,9 @@ mod tests {
 
     #[test]
     fn several_conflicts_are_grouped_by_manager() {
-        let live = stored(trainjob(json!({"suspend": false, "trainer": {"numNodes": 1}})));
+        let live = stored(trainjob(
+            json!({"suspend": false, "trainer": {"numNodes": 1}}),
+        ));
         let mut a = live.clone();
         record_update(None, &mut a, "kubectl-create", TJ, &BuiltinListKeys, T0);
         let applier = json!({"apiVersion": TJ, "kind": "TrainJob",
@@ -683,9 +704,9 @@ mod tests {
         let e = apply(Some(&a), &cfg, "me", false, &BuiltinListKeys, T1).unwrap_err();
         assert_eq!(
             e.message,
-            format!("Apply failed with 3 conflicts: conflicts with \"kubectl-create\" using {TJ}:\n- .spec.suspend\n- .spec.trainer.numNodes\nconflicts with \"ops\":\n- .metadata.labels.x")
-                .replace("conflicts with \"kubectl-create\" using trainer.kubeflow.org/v1alpha1:\n- .spec.suspend\n- .spec.trainer.numNodes\nconflicts with \"ops\":\n- .metadata.labels.x",
-                         "conflicts with \"kubectl-create\" using trainer.kubeflow.org/v1alpha1:\n- .spec.suspend\n- .spec.trainer.numNodes\nconflicts with \"ops\":\n- .metadata.labels.x")
+            format!(
+                "Apply failed with 3 conflicts: conflicts with \"kubectl-create\" using {TJ}:\n- .spec.suspend\n- .spec.trainer.numNodes\nconflicts with \"ops\":\n- .metadata.labels.x"
+            )
         );
         assert_eq!(e.causes.len(), 3);
     }
@@ -711,7 +732,14 @@ mod tests {
         // The JobSet controller (an updater) sets a field on one item.
         let mut ctl = live.clone();
         ctl["spec"]["replicatedJobs"][1]["template"] = json!({"spec": {"parallelism": 2}});
-        record_update(Some(&live), &mut ctl, "jobset-controller", "jobset.x-k8s.io/v1alpha2", &BuiltinListKeys, T1);
+        record_update(
+            Some(&live),
+            &mut ctl,
+            "jobset-controller",
+            "jobset.x-k8s.io/v1alpha2",
+            &BuiltinListKeys,
+            T1,
+        );
         // The spoke stops applying the node job: its own fields go, the
         // controller's stay with the key.
         let out = apply(
@@ -759,7 +787,14 @@ mod tests {
         for (i, t) in [T1, T2].iter().enumerate() {
             let mut next = live.clone();
             next["spec"]["activeDeadlineSeconds"] = json!(100 + i);
-            record_update(Some(&live), &mut next, "kubectl-edit", TJ, &BuiltinListKeys, t);
+            record_update(
+                Some(&live),
+                &mut next,
+                "kubectl-edit",
+                TJ,
+                &BuiltinListKeys,
+                t,
+            );
             live = next;
         }
         assert_eq!(entries(&live).len(), 2);
@@ -767,7 +802,14 @@ mod tests {
         for i in 0..11 {
             let mut next = live.clone();
             next["metadata"]["labels"] = json!({format!("l{i}"): "x"});
-            record_update(Some(&live), &mut next, &format!("m{i:02}"), TJ, &BuiltinListKeys, &format!("2025-06-02T00:00:{i:02}Z"));
+            record_update(
+                Some(&live),
+                &mut next,
+                &format!("m{i:02}"),
+                TJ,
+                &BuiltinListKeys,
+                &format!("2025-06-02T00:00:{i:02}Z"),
+            );
             live = next;
         }
         let updaters = entries(&live)
@@ -791,36 +833,88 @@ mod tests {
         let mut untracked = stored(trainjob(json!({"suspend": true})));
         let old = untracked.clone();
         untracked["spec"]["suspend"] = json!(false);
-        record_update(Some(&old), &mut untracked, "kubectl-edit", TJ, &BuiltinListKeys, T0);
+        record_update(
+            Some(&old),
+            &mut untracked,
+            "kubectl-edit",
+            TJ,
+            &BuiltinListKeys,
+            T0,
+        );
         assert!(untracked["metadata"].get("managedFields").is_none());
         // ...until an apply, which gives its fields to before-first-apply.
-        let e = apply(Some(&untracked), &trainjob(json!({"suspend": true})), "kubectl", false, &BuiltinListKeys, T1)
-            .unwrap_err();
-        assert!(e.message.contains("\"before-first-apply\""), "{}", e.message);
+        let e = apply(
+            Some(&untracked),
+            &trainjob(json!({"suspend": true})),
+            "kubectl",
+            false,
+            &BuiltinListKeys,
+            T1,
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("\"before-first-apply\""),
+            "{}",
+            e.message
+        );
         // [{}] resets ownership.
         let mut reset = obj.clone();
         reset["metadata"]["managedFields"] = json!([{}]);
-        record_update(Some(&stored(obj.clone())), &mut reset, "kubectl", TJ, &BuiltinListKeys, T1);
+        record_update(
+            Some(&stored(obj.clone())),
+            &mut reset,
+            "kubectl",
+            TJ,
+            &BuiltinListKeys,
+            T1,
+        );
         assert!(reset["metadata"].get("managedFields").is_none());
     }
 
     #[test]
     fn status_is_not_tracked_on_the_main_resource() {
-        let scope = ManagerScope { subresource: "", reset_fields: &["status"] };
+        let scope = ManagerScope {
+            subresource: "",
+            reset_fields: &["status"],
+        };
         let cfg = trainjob(json!({"suspend": true}));
         let mut cfg_with_status = cfg.clone();
         cfg_with_status["status"] = json!({"conditions": [{"type": "Complete", "status": "True"}]});
-        let out = apply_in(None, &cfg_with_status, "kubectl", false, &BuiltinListKeys, T0, &scope).unwrap();
+        let out = apply_in(
+            None,
+            &cfg_with_status,
+            "kubectl",
+            false,
+            &BuiltinListKeys,
+            T0,
+            &scope,
+        )
+        .unwrap();
         assert!(entries(&out)[0]["fieldsV1"].get("f:status").is_none());
         // On /status, conditions are owned by their type.
-        let status_scope = ManagerScope { subresource: "status", reset_fields: &["spec", "metadata"] };
+        let status_scope = ManagerScope {
+            subresource: "status",
+            reset_fields: &["spec", "metadata"],
+        };
         let live = stored(out);
         let mut new = live.clone();
         new["status"] = json!({"conditions": [{"type": "Created", "status": "True"}]});
-        record_update_in(Some(&live), &mut new, "trainhub", TJ, &BuiltinListKeys, T1, &status_scope);
+        record_update_in(
+            Some(&live),
+            &mut new,
+            "trainhub",
+            TJ,
+            &BuiltinListKeys,
+            T1,
+            &status_scope,
+        );
         let mf = entries(&new);
         let st = mf.iter().find(|e| e["subresource"] == "status").unwrap();
-        assert!(st["fieldsV1"]["f:status"]["f:conditions"].get("k:{\"type\":\"Created\"}").is_some());
+        assert!(
+            st["fieldsV1"]["f:status"]["f:conditions"]
+                .get("k:{\"type\":\"Created\"}")
+                .is_some()
+        );
     }
 
     #[test]
@@ -828,7 +922,10 @@ mod tests {
         let mut cfg = trainjob(json!({}));
         cfg["metadata"]["managedFields"] = json!([]);
         let e = apply(None, &cfg, "m", false, &BuiltinListKeys, T0).unwrap_err();
-        assert_eq!((e.code, e.message.as_str()), (400, "metadata.managedFields must be nil"));
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (400, "metadata.managedFields must be nil")
+        );
         let live = stored(trainjob(json!({})));
         let mut other = trainjob(json!({}));
         other["apiVersion"] = json!("trainer.kubeflow.org/v1");

@@ -98,14 +98,11 @@ impl FieldSet {
     pub fn insert(&mut self, path: &[PathElement]) {
         match path.split_first() {
             None => self.member = true,
-            Some((first, rest)) => self
-                .children
-                .entry(first.clone())
-                .or_default()
-                .insert(rest),
+            Some((first, rest)) => self.children.entry(first.clone()).or_default().insert(rest),
         }
     }
 
+    #[cfg(test)]
     pub fn get(&self, path: &[PathElement]) -> Option<&FieldSet> {
         match path.split_first() {
             None => Some(self),
@@ -125,7 +122,10 @@ impl FieldSet {
     pub fn union_with(&mut self, other: &FieldSet) {
         self.member |= other.member;
         for (pe, child) in &other.children {
-            self.children.entry(pe.clone()).or_default().union_with(child);
+            self.children
+                .entry(pe.clone())
+                .or_default()
+                .union_with(child);
         }
     }
 
@@ -452,9 +452,7 @@ impl Typer<'_> {
     ) -> Result<(), String> {
         let leaf = match v {
             Value::Object(m) => m.is_empty(),
-            Value::Array(a) => {
-                a.is_empty() || self.item_ids(a, names, path, strict)?.is_none()
-            }
+            Value::Array(a) => a.is_empty() || self.item_ids(a, names, path, strict)?.is_none(),
             _ => true,
         };
         if leaf || with_parents {
@@ -488,7 +486,10 @@ impl Typer<'_> {
             (None, Some(n)) => self.all_paths(n, names, path, &mut c.added),
             (Some(o), None) => self.all_paths(o, names, path, &mut c.removed),
             (Some(Value::Object(o)), Some(Value::Object(n))) => {
-                let keys: Vec<&String> = o.keys().chain(n.keys().filter(|k| !o.contains_key(*k))).collect();
+                let keys: Vec<&String> = o
+                    .keys()
+                    .chain(n.keys().filter(|k| !o.contains_key(*k)))
+                    .collect();
                 for k in keys {
                     names.push(k.clone());
                     path.push(PathElement::Field(k.clone()));
@@ -812,7 +813,10 @@ mod tests {
         let e = t
             .config_set(&json!({"spec": {"replicatedJobs": [{"name": "a"}, {"name": "a"}]}}))
             .unwrap_err();
-        assert_eq!(e, ".spec.replicatedJobs: duplicate entries for key [name=\"a\"]");
+        assert_eq!(
+            e,
+            ".spec.replicatedJobs: duplicate entries for key [name=\"a\"]"
+        );
     }
 
     #[test]

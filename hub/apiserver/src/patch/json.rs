@@ -99,25 +99,29 @@ fn apply_op(doc: &mut Value, op: &Value) -> Result<(), String> {
         }
         "move" => {
             let path = path.ok_or("move operation does not apply: missing path")?;
-            let from = str_field(op, "from")?
-                .ok_or("move operation does not apply: missing from path")?;
+            let from =
+                str_field(op, "from")?.ok_or("move operation does not apply: missing from path")?;
             if path != from && path.starts_with(&format!("{from}/")) {
                 return Err(format!(
                     "move operation does not apply: {path} is a child of the from path {from}"
                 ));
             }
             let moved = remove(doc, from).map_err(|_| {
-                format!("move operation does not apply: doc is missing from path: {from}: missing value")
+                format!(
+                    "move operation does not apply: doc is missing from path: {from}: missing value"
+                )
             })?;
             add(doc, path, moved, "move")
         }
         "copy" => {
             let path = path.ok_or("copy operation does not apply: missing path")?;
-            let from = str_field(op, "from")?
-                .ok_or("copy operation does not apply: missing from path")?;
+            let from =
+                str_field(op, "from")?.ok_or("copy operation does not apply: missing from path")?;
             let tokens = parse_pointer(from)?;
             let copied = get(doc, &tokens).cloned().ok_or_else(|| {
-                format!("copy operation does not apply: doc is missing from path: {from}: missing value")
+                format!(
+                    "copy operation does not apply: doc is missing from path: {from}: missing value"
+                )
             })?;
             add(doc, path, copied, "copy")
         }
@@ -141,7 +145,9 @@ fn parse_pointer(path: &str) -> Result<Vec<String>, String> {
         return Ok(Vec::new());
     }
     let Some(rest) = path.strip_prefix('/') else {
-        return Err(format!("JSON pointer must be empty or start with a \"/\": {path}"));
+        return Err(format!(
+            "JSON pointer must be empty or start with a \"/\": {path}"
+        ));
     };
     Ok(rest
         .split('/')
@@ -196,7 +202,8 @@ fn add(doc: &mut Value, path: &str, value: Value, op: &str) -> Result<(), String
         *doc = value;
         return Ok(());
     };
-    let missing = || format!("{op} operation does not apply: doc is missing path: \"{path}\": missing value");
+    let missing =
+        || format!("{op} operation does not apply: doc is missing path: \"{path}\": missing value");
     match get_mut(doc, parent).ok_or_else(missing)? {
         Value::Object(m) => {
             m.insert(last.clone(), value);
@@ -220,8 +227,9 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
     let Some((last, parent)) = tokens.split_last() else {
         return Err("remove operation does not apply: cannot remove the whole document".into());
     };
-    let missing =
-        || format!("remove operation does not apply: doc is missing path: \"{path}\": missing value");
+    let missing = || {
+        format!("remove operation does not apply: doc is missing path: \"{path}\": missing value")
+    };
     match get_mut(doc, parent).ok_or_else(missing)? {
         Value::Object(m) => m
             .shift_remove(last)
@@ -299,7 +307,10 @@ mod tests {
             e.message,
             "the server rejected our request due to an error in our request"
         );
-        assert_eq!(e.causes[0].message, "testing value /spec/suspend failed: test failed");
+        assert_eq!(
+            e.causes[0].message,
+            "testing value /spec/suspend failed: test failed"
+        );
     }
 
     #[test]
@@ -322,7 +333,10 @@ mod tests {
                 json!([{"op": "add", "path": "/spec/trainer/command/7", "value": "x"}]),
                 "Unable to access invalid index: 7: invalid index referenced",
             ),
-            (json!([{"op": "frobnicate", "path": "/spec"}]), "Unexpected kind: frobnicate"),
+            (
+                json!([{"op": "frobnicate", "path": "/spec"}]),
+                "Unexpected kind: frobnicate",
+            ),
         ] {
             let e = json_patch(&mut job, &patch).unwrap_err();
             assert_eq!(e.code, 422, "{patch}");
@@ -350,7 +364,11 @@ mod tests {
         let mut v = json!({"a": [1, 2, 3]});
         json_patch(&mut v, &json!([{"op": "remove", "path": "/a/-1"}])).unwrap();
         assert_eq!(v, json!({"a": [1, 2]}));
-        json_patch(&mut v, &json!([{"op": "replace", "path": "", "value": {"b": 1}}])).unwrap();
+        json_patch(
+            &mut v,
+            &json!([{"op": "replace", "path": "", "value": {"b": 1}}]),
+        )
+        .unwrap();
         assert_eq!(v, json!({"b": 1}));
     }
 }

@@ -151,10 +151,16 @@ pub fn builtin_merge_key(path: &[&str]) -> Option<Vec<String>> {
     let name = *path.last()?;
     let keys: &[&str] = match name {
         "containers" | "initContainers" | "ephemeralContainers" => &["name"],
-        "env" | "volumes" | "imagePullSecrets" | "replicatedJobs" | "resourceClaims"
-        | "schedulingGates" | "claims" | "dependsOn" | "jobsStatus" | "replicatedJobsStatus" => {
-            &["name"]
-        }
+        "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "replicatedJobs"
+        | "resourceClaims"
+        | "schedulingGates"
+        | "claims"
+        | "dependsOn"
+        | "jobsStatus"
+        | "replicatedJobsStatus" => &["name"],
         "ports" => &["containerPort", "protocol"],
         "volumeMounts" => &["mountPath"],
         "volumeDevices" => &["devicePath"],
@@ -218,7 +224,10 @@ mod tests {
             at(&["containers", "ports"]),
             Some(vec!["containerPort".into(), "protocol".into()])
         );
-        assert_eq!(at(&["containers", "volumeMounts"]), Some(vec!["mountPath".into()]));
+        assert_eq!(
+            at(&["containers", "volumeMounts"]),
+            Some(vec!["mountPath".into()])
+        );
         // Explicitly atomic in the schema.
         assert_eq!(at(&["containers", "args"]), None);
         assert_eq!(at(&["tolerations"]), None);
@@ -236,7 +245,10 @@ mod tests {
             keys.merge_key(&["status", "conditions"]),
             Some(vec!["type".into()])
         );
-        assert_eq!(keys.merge_key(&["spec", "trainer", "env"]), Some(vec!["name".into()]));
+        assert_eq!(
+            keys.merge_key(&["spec", "trainer", "env"]),
+            Some(vec!["name".into()])
+        );
         // Not described by the schema: the built-in table answers.
         assert_eq!(
             keys.merge_key(&["metadata", "finalizers"]),

@@ -12,6 +12,10 @@
 //! Lists merge by the keys a [`ListKeys`] gives: [`SchemaListKeys`] reads them
 //! from a resource's OpenAPI schema.
 
+// `ApiError` is the crate-wide error (a `metav1.Status`); boxing it is the
+// status module's call.
+#![allow(clippy::result_large_err)]
+
 mod apply;
 mod fieldset;
 mod json;
@@ -21,8 +25,7 @@ mod smp;
 pub use apply::{ManagerScope, apply, apply_in, record_update, record_update_in};
 pub use json::json_patch;
 pub use keys::{
-    AtomicLists, BuiltinListKeys, ListKeys, SchemaListKeys, builtin_key_default,
-    builtin_merge_key,
+    AtomicLists, BuiltinListKeys, ListKeys, SchemaListKeys, builtin_key_default, builtin_merge_key,
 };
 pub use smp::strategic_merge_patch;
 

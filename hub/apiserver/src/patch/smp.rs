@@ -168,10 +168,8 @@ fn merge_map(
         }
 
         let Some(original_value) = original.get_mut(&key) else {
-            if !is_delete_list {
-                if let Some(v) = new_content(patch_value) {
-                    original.insert(key, v);
-                }
+            if let (false, Some(v)) = (is_delete_list, new_content(patch_value)) {
+                original.insert(key, v);
             }
             continue;
         };
@@ -619,7 +617,9 @@ fn merge_list(
         let Value::Object(p) = item else {
             return Err(bad_arg_type("map[string]interface {}", item));
         };
-        let key = p.get(merge_key).ok_or_else(|| no_merge_key(item, merge_key))?;
+        let key = p
+            .get(merge_key)
+            .ok_or_else(|| no_merge_key(item, merge_key))?;
         let mut found = None;
         for (i, o) in merged.iter().enumerate() {
             let Value::Object(om) = o else {
@@ -728,7 +728,10 @@ mod tests {
         assert_eq!(c["image"], "pytorch/pytorch:2.8");
         // Atomic lists (command, tolerations) are replaced.
         assert_eq!(c["command"], json!(["python"]));
-        assert_eq!(pod["tolerations"], json!([{"key": "tpu", "operator": "Exists"}]));
+        assert_eq!(
+            pod["tolerations"],
+            json!([{"key": "tpu", "operator": "Exists"}])
+        );
         // env merges by name; patch items come in patch order after the
         // server-only items that preceded them.
         assert_eq!(
@@ -779,7 +782,10 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, 500);
-        assert_eq!(e.message, "merging lists cannot yet be specified in the patch");
+        assert_eq!(
+            e.message,
+            "merging lists cannot yet be specified in the patch"
+        );
         let e = smp(jobset(), json!({"spec": {"$patch": "bogus"}})).unwrap_err();
         assert!(
             e.message.starts_with("unknown patch type: bogus in map:"),
@@ -844,8 +850,8 @@ mod tests {
             .map(|r| r["name"].as_str().unwrap())
             .collect();
         assert_eq!(names, ["node", "dataset-initializer"]);
-        let env = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-            ["containers"][0]["env"];
+        let env = &out["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+            [0]["env"];
         assert_eq!(
             env,
             &json!([{"name": "C", "value": "c"}, {"name": "B", "value": "b"}, {"name": "A", "value": "1"}])
@@ -864,7 +870,11 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, 500);
-        assert!(e.message.starts_with("The order in patch list:"), "{}", e.message);
+        assert!(
+            e.message.starts_with("The order in patch list:"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
