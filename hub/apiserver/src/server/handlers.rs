@@ -60,6 +60,20 @@ impl Ctx {
     fn sub(&self) -> Option<&str> {
         self.target.subresource.as_deref()
     }
+    /// Field ownership scope of this endpoint: the main resource does not
+    /// own status, `/status` owns nothing else.
+    fn scope(&self) -> patch::ManagerScope<'static> {
+        if self.sub() == Some("status") {
+            patch::ManagerScope { subresource: "status", reset_fields: &["spec", "metadata"] }
+        } else if self.def.status_subresource {
+            patch::ManagerScope { subresource: "", reset_fields: &["status"] }
+        } else {
+            patch::ManagerScope::default()
+        }
+    }
+    fn keys(&self) -> &dyn patch::ListKeys {
+        self.server.keys(&self.def)
+    }
     fn store_error(&self, e: crate::store::StoreError) -> ApiError {
         ApiError::from_store(e, &self.def.group, &self.def.plural)
     }
@@ -172,7 +186,7 @@ fn get(ctx: &Ctx) -> Result<Response, ApiError> {
         .get(&ctx.key(ctx.name()))
         .ok_or_else(|| ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name()))?;
     let body = match ctx.format {
-        Format::Table => table::to_table(&ctx.def, &[object.value.as_ref()], None, include_object(ctx)?, now_unix()),
+        Format::Table => table::to_table(&ctx.def, &[object.value.as_ref()], None, include_object(ctx)?, now()),
         Format::Metadata => partial_metadata(&object.value),
         _ => object.value.as_ref().clone(),
     };
@@ -180,14 +194,7 @@ fn get(ctx: &Ctx) -> Result<Response, ApiError> {
 }
 
 fn include_object(ctx: &Ctx) -> Result<table::IncludeObject, ApiError> {
-    match ctx.query.get("includeObject") {
-        None | Some("Metadata") => Ok(table::IncludeObject::Metadata),
-        Some("None") => Ok(table::IncludeObject::None),
-        Some("Object") => Ok(table::IncludeObject::Object),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "includeObject: Unsupported value: {other:?}: supported values: \"None\", \"Metadata\", \"Object\""
-        ))),
-    }
+    table::IncludeObject::parse(ctx.query.get("includeObject"))
 }
 
 pub(crate) fn partial_metadata(value: &Value) -> Value {
@@ -198,8 +205,8 @@ pub(crate) fn partial_metadata(value: &Value) -> Value {
     })
 }
 
-pub(crate) fn now_unix() -> i64 {
-    jiff::Timestamp::now().as_second()
+pub(crate) fn now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
 }
 
 pub(crate) fn now_rfc3339() -> String {
@@ -268,7 +275,7 @@ fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     let values: Vec<&Value> = items.iter().map(|o| o.value.as_ref()).collect();
     let body = match ctx.format {
         Format::Table => {
-            let mut t = table::to_table(&ctx.def, &values, Some(&list_rv), include_object(ctx)?, now_unix());
+            let mut t = table::to_table(&ctx.def, &values, Some(&list_rv), include_object(ctx)?, now());
             if let Some(next) = &next {
                 t["metadata"]["continue"] = next.clone().into();
             }
@@ -503,7 +510,15 @@ pub(crate) async fn create_object(ctx: &Ctx, mut object: Value, applied_by: Opti
     let manager = ctx.manager();
     match applied_by {
         Some(_) => {}
-        None => patch::record_update(None, &mut object, &manager, &ctx.def.api_version(), &now_rfc3339()),
+        None => patch::record_update_in(
+            None,
+            &mut object,
+            &manager,
+            &ctx.def.api_version(),
+            ctx.keys(),
+            &now_rfc3339(),
+            &ctx.scope(),
+        ),
     }
     let outcome = run_admission(ctx, Operation::Create, None, &mut object)?;
     warnings.extend(outcome.warnings);
@@ -560,13 +575,13 @@ async fn update(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
 async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
     read_only(ctx)?;
     let content_type = request::content_type(&ctx.headers);
-    let keys = patch::SchemaListKeys::new(ctx.def.schema.as_ref());
+    let keys = ctx.keys();
     let old = match ctx.server.store.get(&ctx.key(ctx.name())) {
         Some(old) => old,
         None if content_type == "application/apply-patch+yaml" && ctx.sub().is_none() => {
             let applied = request::parse_body(&ctx.headers, body)?;
             let manager = required_manager(ctx)?;
-            let object = patch::apply(None, &applied, &manager, force(ctx), &keys, &now_rfc3339())?;
+            let object = patch::apply_in(None, &applied, &manager, force(ctx), keys, &now_rfc3339(), &ctx.scope())?;
             let (stored, warnings) = create_object(ctx, object, Some(&manager)).await?;
             return Ok(ctx.respond(StatusCode::CREATED, &stored, &warnings));
         }
@@ -584,13 +599,13 @@ async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
         }
         "application/strategic-merge-patch+json" => {
             let p = request::parse_body(&ctx.headers, body)?;
-            patch::strategic_merge_patch(&mut patched, &p, &keys)?;
+            patch::strategic_merge_patch(&mut patched, &p, keys)?;
         }
         "application/apply-patch+yaml" => {
             let applied = request::parse_body(&ctx.headers, body)?;
             check_type(ctx, &applied)?;
             let manager = required_manager(ctx)?;
-            patched = patch::apply(Some(&patched), &applied, &manager, force(ctx), &keys, &now_rfc3339())?;
+            patched = patch::apply_in(Some(&patched), &applied, &manager, force(ctx), keys, &now_rfc3339(), &ctx.scope())?;
         }
         other => return Err(ApiError::unsupported_media_type(other)),
     }
@@ -683,7 +698,15 @@ async fn write_update(
     }
     // Apply recorded its own ownership; other writes own what they changed.
     if !is_apply(ctx) {
-        patch::record_update(Some(&old.value), &mut new, &ctx.manager(), &ctx.def.api_version(), &now_rfc3339());
+        patch::record_update_in(
+            Some(&old.value),
+            &mut new,
+            &ctx.manager(),
+            &ctx.def.api_version(),
+            ctx.keys(),
+            &now_rfc3339(),
+            &ctx.scope(),
+        );
     }
     if new == *old.value {
         // A no-op write does not change the resourceVersion.

@@ -23,6 +23,7 @@ use serde_json::Value;
 pub use self::request::LogSource;
 use crate::admission::{self, Admission};
 use crate::auth::{self, Authenticator, Authorizer};
+use crate::patch::{BuiltinListKeys, ListKeys, SchemaListKeys};
 use crate::resource::ResourceDef;
 use crate::store::Store;
 
@@ -48,6 +49,8 @@ pub struct Server {
     resources: Vec<Arc<ResourceDef>>,
     /// (group, version, plural) → index into `resources`.
     index: BTreeMap<(String, String, String), usize>,
+    /// How each resource's lists merge (by index, as `resources`).
+    keys: Vec<Arc<dyn ListKeys + Send + Sync>>,
     admission: Arc<dyn Admission>,
     /// `None`: every request runs as an anonymous admin (stand-ins, tests).
     authenticator: Option<Arc<Authenticator>>,
@@ -66,6 +69,11 @@ impl Builder {
     pub fn resource(mut self, def: ResourceDef) -> Self {
         let key = (def.group.clone(), def.version.clone(), def.plural.clone());
         self.server.index.insert(key, self.server.resources.len());
+        let keys: Arc<dyn ListKeys + Send + Sync> = match &def.schema {
+            Some(schema) => Arc::new(SchemaListKeys::new(schema.clone())),
+            None => Arc::new(BuiltinListKeys),
+        };
+        self.server.keys.push(keys);
         self.server.resources.push(Arc::new(def));
         self
     }
@@ -107,6 +115,7 @@ impl Server {
                 store,
                 resources: Vec::new(),
                 index: BTreeMap::new(),
+                keys: Vec::new(),
                 admission: Arc::new(admission::AllowAll),
                 authenticator: None,
                 authorizer: Arc::new(auth::AllowAll),
@@ -123,6 +132,14 @@ impl Server {
 
     pub fn resources(&self) -> &[Arc<ResourceDef>] {
         &self.resources
+    }
+
+    fn keys(&self, def: &ResourceDef) -> &dyn ListKeys {
+        let index = self.index.get(&(def.group.clone(), def.version.clone(), def.plural.clone()));
+        match index.and_then(|&i| self.keys.get(i)) {
+            Some(keys) => keys.as_ref(),
+            None => &BuiltinListKeys,
+        }
     }
 
     fn resource(&self, group: &str, version: &str, plural: &str) -> Option<&Arc<ResourceDef>> {

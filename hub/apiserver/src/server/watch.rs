@@ -21,7 +21,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 
-use super::handlers::{Ctx, Selectors, now_unix, partial_metadata};
+use super::handlers::{Ctx, Selectors, now, partial_metadata};
 use super::request::{self, Format};
 use crate::status::ApiError;
 use crate::store::{Event, EventType, Key, Rv};
@@ -173,7 +173,7 @@ impl Writer {
 
     fn render(&self, value: &Value) -> Value {
         match self.format {
-            Format::Table => table::to_table(&self.ctx.def, &[value], None, table::IncludeObject::Metadata, now_unix()),
+            Format::Table => table::to_table(&self.ctx.def, &[value], None, table::IncludeObject::Metadata, now()),
             Format::Metadata => partial_metadata(value),
             _ => value.clone(),
         }
