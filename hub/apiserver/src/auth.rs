@@ -46,6 +46,3 @@ impl Authorizer for AllowAll {
         Ok(())
     }
 }
-// STUB
-pub struct Authenticator;
-impl Authenticator { pub fn authenticate(&self, _h: Option<&str>, _c: Option<&[u8]>) -> Result<UserInfo, crate::status::ApiError> { Err(crate::status::ApiError::unauthorized()) } }

@@ -124,11 +124,11 @@ impl FieldError {
     /// The message without the field path, as `StatusCause.message` carries it.
     pub fn message(&self) -> String {
         let mut out = self.kind.phrase().to_string();
-        if self.kind.shows_value() {
-            if let Some(value) = &self.value {
-                out.push_str(": ");
-                out.push_str(&render_value(value));
-            }
+        if self.kind.shows_value()
+            && let Some(value) = &self.value
+        {
+            out.push_str(": ");
+            out.push_str(&render_value(value));
         }
         if !self.detail.is_empty() {
             out.push_str(": ");

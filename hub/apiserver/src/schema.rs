@@ -33,12 +33,23 @@ pub fn prune(value: &mut Value, schema: &Value) -> Vec<String> {
 }
 
 fn join(path: &str, field: &str) -> String {
-    if path.is_empty() { field.to_string() } else { format!("{path}.{field}") }
+    if path.is_empty() {
+        field.to_string()
+    } else {
+        format!("{path}.{field}")
+    }
 }
 
 fn walk(value: &mut Value, schema: &Value, path: &str, embedded: bool, unknown: &mut Vec<String>) {
-    let preserve = schema.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool) == Some(true);
-    let embedded = embedded || schema.get("x-kubernetes-embedded-resource").and_then(Value::as_bool) == Some(true);
+    let preserve = schema
+        .get("x-kubernetes-preserve-unknown-fields")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let embedded = embedded
+        || schema
+            .get("x-kubernetes-embedded-resource")
+            .and_then(Value::as_bool)
+            == Some(true);
     match value {
         Value::Object(map) => {
             let properties = schema.get("properties").and_then(Value::as_object);
@@ -116,7 +127,10 @@ mod tests {
             "spec": {"a": 1, "b": 2, "list": [{"name": "x", "extra": true}], "labels": {"k": "v"}, "free": {"anything": {"goes": 1}}},
         });
         let unknown = prune(&mut v, &schema);
-        assert_eq!(unknown, vec!["metadata.bogus", "spec.b", "spec.list[0].extra"]);
+        assert_eq!(
+            unknown,
+            vec!["metadata.bogus", "spec.b", "spec.list[0].extra"]
+        );
         assert_eq!(v["spec"]["free"]["anything"]["goes"], 1);
         assert_eq!(v["spec"]["labels"]["k"], "v");
         assert!(v["spec"].get("b").is_none());

@@ -4,7 +4,6 @@
 
 // `ApiError` is the crate-wide error (a `metav1.Status`); boxing it is the
 // status module's call.
-#![allow(clippy::result_large_err)]
 
 use serde_json::Value;
 

@@ -32,7 +32,7 @@ pub struct ApiError {
     /// `StatusReason`, e.g. `NotFound`, `Invalid`; empty for 500s without one.
     pub reason: &'static str,
     pub message: String,
-    pub subject: Option<Subject>,
+    pub subject: Option<Box<Subject>>,
     pub causes: Vec<Cause>,
     /// For 410 Expired and 429 TooManyRequests.
     pub retry_after_seconds: Option<u32>,
@@ -51,11 +51,11 @@ impl ApiError {
     }
 
     fn about(mut self, group: &str, kind: &str, name: &str) -> Self {
-        self.subject = Some(Subject {
+        self.subject = Some(Box::new(Subject {
             group: group.into(),
             kind: kind.into(),
             name: name.into(),
-        });
+        }));
         self
     }
 
@@ -254,10 +254,10 @@ impl ApiError {
         if !details.is_empty() {
             status["details"] = Value::Object(details);
         }
-        if self.reason.is_empty() {
-            if let Some(obj) = status.as_object_mut() {
-                obj.remove("reason");
-            }
+        if self.reason.is_empty()
+            && let Some(obj) = status.as_object_mut()
+        {
+            obj.remove("reason");
         }
         status
     }

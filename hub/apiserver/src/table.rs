@@ -6,7 +6,6 @@
 
 // `ApiError` is the crate-wide error (a `metav1.Status`); boxing it is the
 // status module's call.
-#![allow(clippy::result_large_err)]
 
 use jiff::Timestamp;
 use serde_json::{Map, Value, json};

@@ -1,5 +1,6 @@
 //! The REST machinery end to end through the router (no network): CRUD,
 //! status subresource, conflicts, watches, discovery.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,13 +48,22 @@ fn api() -> Api {
         .resource(widgets())
         .bookmark_interval(Duration::from_millis(50))
         .build();
-    Api { router: server.router(), _dir: dir }
+    Api {
+        router: server.router(),
+        _dir: dir,
+    }
 }
 
 const BASE: &str = "/apis/example.com/v1/namespaces/ns/widgets";
 
 impl Api {
-    async fn call(&self, method: &str, uri: &str, content_type: &str, body: Option<Value>) -> (StatusCode, Value) {
+    async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        content_type: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let req = Request::builder()
             .method(method)
             .uri(uri)
@@ -63,7 +73,10 @@ impl Api {
         let resp = self.router.clone().oneshot(req).await.unwrap();
         let status = resp.status();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
     }
     async fn json(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
         self.call(method, uri, "application/json", body).await
@@ -93,10 +106,15 @@ async fn create_get_update_with_optimistic_concurrency() {
     // Update with the current resourceVersion: generation moves on.
     let mut w = created.clone();
     w["spec"]["size"] = json!(2);
-    let (code, updated) = api.json("PUT", &format!("{BASE}/w1"), Some(w.clone())).await;
+    let (code, updated) = api
+        .json("PUT", &format!("{BASE}/w1"), Some(w.clone()))
+        .await;
     assert_eq!(code, StatusCode::OK, "{updated}");
     assert_eq!(updated["metadata"]["generation"], 2);
-    assert_ne!(updated["metadata"]["resourceVersion"].as_str().unwrap(), rv1);
+    assert_ne!(
+        updated["metadata"]["resourceVersion"].as_str().unwrap(),
+        rv1
+    );
 
     // The stale resourceVersion now conflicts.
     let (code, status) = api.json("PUT", &format!("{BASE}/w1"), Some(w)).await;
@@ -108,7 +126,9 @@ async fn create_get_update_with_optimistic_concurrency() {
     // and the generation stays.
     let mut s = updated.clone();
     s["status"] = json!({"phase": "Running"});
-    let (code, after) = api.json("PUT", &format!("{BASE}/w1"), Some(s.clone())).await;
+    let (code, after) = api
+        .json("PUT", &format!("{BASE}/w1"), Some(s.clone()))
+        .await;
     assert_eq!(code, StatusCode::OK);
     assert!(after.get("status").is_none());
     let (code, after) = api.json("PUT", &format!("{BASE}/w1/status"), Some(s)).await;
@@ -129,20 +149,30 @@ async fn create_get_update_with_optimistic_concurrency() {
 async fn list_has_kind_and_resource_version_and_pages() {
     let api = api();
     for i in 0..5 {
-        api.json("POST", BASE, Some(widget(&format!("w{i}"), i))).await;
+        api.json("POST", BASE, Some(widget(&format!("w{i}"), i)))
+            .await;
     }
     let (code, list) = api.json("GET", BASE, None).await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(list["kind"], "WidgetList");
     assert_eq!(list["apiVersion"], "example.com/v1");
     assert_eq!(list["items"].as_array().unwrap().len(), 5);
-    assert!(list["metadata"]["resourceVersion"].as_str().unwrap().parse::<u64>().unwrap() >= 5);
+    assert!(
+        list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= 5
+    );
 
     let (_, page) = api.json("GET", &format!("{BASE}?limit=2"), None).await;
     assert_eq!(page["items"].as_array().unwrap().len(), 2);
     assert_eq!(page["metadata"]["remainingItemCount"], 3);
     let token = page["metadata"]["continue"].as_str().unwrap().to_string();
-    let (_, page2) = api.json("GET", &format!("{BASE}?limit=2&continue={token}"), None).await;
+    let (_, page2) = api
+        .json("GET", &format!("{BASE}?limit=2&continue={token}"), None)
+        .await;
     assert_eq!(page2["items"][0]["metadata"]["name"], "w2");
 }
 
@@ -151,9 +181,18 @@ async fn unknown_fields_warn_or_fail_strictly() {
     let api = api();
     let mut w = widget("w", 1);
     w["spec"]["colour"] = json!("red");
-    let (code, status) = api.json("POST", &format!("{BASE}?fieldValidation=Strict"), Some(w.clone())).await;
+    let (code, status) = api
+        .json(
+            "POST",
+            &format!("{BASE}?fieldValidation=Strict"),
+            Some(w.clone()),
+        )
+        .await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
-    assert_eq!(status["message"], "strict decoding error: unknown field \"spec.colour\"");
+    assert_eq!(
+        status["message"],
+        "strict decoding error: unknown field \"spec.colour\""
+    );
     let (code, created) = api.json("POST", BASE, Some(w)).await;
     assert_eq!(code, StatusCode::CREATED);
     assert!(created["spec"].get("colour").is_none());
@@ -171,7 +210,9 @@ async fn bad_requests_name_the_problem() {
     assert_eq!(code, StatusCode::BAD_REQUEST);
     let (code, _) = api.call("POST", BASE, "application/json", None).await;
     assert_eq!(code, StatusCode::BAD_REQUEST);
-    let (code, status) = api.json("GET", "/apis/example.com/v1/namespaces/ns/gadgets", None).await;
+    let (code, status) = api
+        .json("GET", "/apis/example.com/v1/namespaces/ns/gadgets", None)
+        .await;
     assert_eq!(code, StatusCode::NOT_FOUND);
     assert_eq!(status["kind"], "Status");
 }
@@ -183,7 +224,12 @@ async fn merge_patch_and_finalizers_delay_deletion() {
     w["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
     api.json("POST", BASE, Some(w)).await;
     let (code, patched) = api
-        .call("PATCH", &format!("{BASE}/w"), "application/merge-patch+json", Some(json!({"spec": {"size": 7}})))
+        .call(
+            "PATCH",
+            &format!("{BASE}/w"),
+            "application/merge-patch+json",
+            Some(json!({"spec": {"size": 7}})),
+        )
         .await;
     assert_eq!(code, StatusCode::OK, "{patched}");
     assert_eq!(patched["spec"]["size"], 7);
@@ -195,7 +241,12 @@ async fn merge_patch_and_finalizers_delay_deletion() {
     assert_eq!(code, StatusCode::OK);
     // Removing the last finalizer deletes it.
     let (code, _) = api
-        .call("PATCH", &format!("{BASE}/w"), "application/merge-patch+json", Some(json!({"metadata": {"finalizers": null}})))
+        .call(
+            "PATCH",
+            &format!("{BASE}/w"),
+            "application/merge-patch+json",
+            Some(json!({"metadata": {"finalizers": null}})),
+        )
         .await;
     assert_eq!(code, StatusCode::OK);
     let (code, _) = api.json("GET", &format!("{BASE}/w"), None).await;
@@ -211,7 +262,9 @@ async fn watch_events(api: &Api, uri: &str, n: usize) -> Vec<Value> {
     let mut buf = Vec::new();
     let mut events = Vec::new();
     while events.len() < n {
-        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.expect("watch event in time");
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("watch event in time");
         let Some(Ok(frame)) = frame else { break };
         if let Ok(data) = frame.into_data() {
             buf.extend_from_slice(&data);
@@ -228,7 +281,10 @@ async fn watch_events(api: &Api, uri: &str, n: usize) -> Vec<Value> {
 async fn watch_replays_from_a_version_follows_and_filters() {
     let api = api();
     let (_, a) = api.json("POST", BASE, Some(widget("a", 1))).await;
-    let rv = a["metadata"]["resourceVersion"].as_str().unwrap().to_string();
+    let rv = a["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut b = widget("b", 2);
     b["metadata"]["labels"]["app"] = json!("other");
     api.json("POST", BASE, Some(b)).await;
@@ -236,7 +292,10 @@ async fn watch_replays_from_a_version_follows_and_filters() {
     // From the start: both as ADDED.
     let uri = format!("{BASE}?watch=1");
     let events = watch_events(&api, &uri, 2).await;
-    let names: Vec<&str> = events.iter().map(|e| e["object"]["metadata"]["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["object"]["metadata"]["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["a", "b"]);
     assert!(events.iter().all(|e| e["type"] == "ADDED"));
 
@@ -265,9 +324,13 @@ async fn watch_from_a_compacted_version_is_410() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(RedbStore::open(&dir.path().join("db"), 2).unwrap());
     let server = Server::builder(store).resource(widgets()).build();
-    let api = Api { router: server.router(), _dir: dir };
+    let api = Api {
+        router: server.router(),
+        _dir: dir,
+    };
     for i in 0..5 {
-        api.json("POST", BASE, Some(widget(&format!("w{i}"), i))).await;
+        api.json("POST", BASE, Some(widget(&format!("w{i}"), i)))
+            .await;
     }
     let events = watch_events(&api, &format!("{BASE}?watch=1&resourceVersion=1"), 1).await;
     assert_eq!(events[0]["type"], "ERROR");
@@ -282,7 +345,10 @@ async fn bookmarks_carry_the_latest_version() {
     let events = watch_events(&api, &format!("{BASE}?watch=1&allowWatchBookmarks=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan"), 3).await;
     assert_eq!(events[0]["type"], "ADDED");
     assert_eq!(events[1]["type"], "BOOKMARK");
-    assert_eq!(events[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+    assert_eq!(
+        events[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
     assert_eq!(events[2]["type"], "BOOKMARK");
 }
 
@@ -292,15 +358,33 @@ async fn discovery_lists_groups_and_resources() {
     let (code, groups) = api.json("GET", "/apis", None).await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(groups["groups"][0]["name"], "example.com");
-    assert_eq!(groups["groups"][0]["preferredVersion"]["groupVersion"], "example.com/v1");
+    assert_eq!(
+        groups["groups"][0]["preferredVersion"]["groupVersion"],
+        "example.com/v1"
+    );
     let (_, list) = api.json("GET", "/apis/example.com/v1", None).await;
-    let names: Vec<&str> = list["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["widgets", "widgets/status"]);
     let (_, index) = api.json("GET", "/openapi/v3", None).await;
-    let url = index["paths"]["apis/example.com/v1"]["serverRelativeURL"].as_str().unwrap().to_string();
+    let url = index["paths"]["apis/example.com/v1"]["serverRelativeURL"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let (code, doc) = api.json("GET", &url, None).await;
     assert_eq!(code, StatusCode::OK);
-    let patch = &doc["paths"]["/apis/example.com/v1/namespaces/{namespace}/widgets/{name}"]["patch"];
+    let patch =
+        &doc["paths"]["/apis/example.com/v1/namespaces/{namespace}/widgets/{name}"]["patch"];
     assert_eq!(patch["x-kubernetes-group-version-kind"]["kind"], "Widget");
-    assert!(patch["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"));
+    assert!(
+        patch["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "fieldValidation")
+    );
 }

@@ -25,7 +25,12 @@ pub(crate) async fn version(State(server): State<Shared>) -> Response {
         .git_version
         .trim_start_matches('v')
         .split_once('.')
-        .map(|(a, b)| (a.to_string(), b.split('.').next().unwrap_or_default().to_string()))
+        .map(|(a, b)| {
+            (
+                a.to_string(),
+                b.split('.').next().unwrap_or_default().to_string(),
+            )
+        })
         .unwrap_or_default();
     ok(&json!({
         "major": major,
@@ -41,7 +46,11 @@ pub(crate) async fn version(State(server): State<Shared>) -> Response {
 }
 
 pub(crate) async fn core_versions(State(server): State<Shared>) -> Response {
-    let versions: Vec<&str> = if server.resources.iter().any(|r| r.group.is_empty()) { vec!["v1"] } else { vec![] };
+    let versions: Vec<&str> = if server.resources.iter().any(|r| r.group.is_empty()) {
+        vec!["v1"]
+    } else {
+        vec![]
+    };
     ok(&json!({
         "kind": "APIVersions",
         "versions": versions,
@@ -74,14 +83,27 @@ fn api_group(name: &str, versions: &[&str]) -> Value {
 }
 
 pub(crate) async fn groups(State(server): State<Shared>) -> Response {
-    let groups: Vec<Value> = group_versions(&server).iter().map(|(g, v)| api_group(g, v)).collect();
+    let groups: Vec<Value> = group_versions(&server)
+        .iter()
+        .map(|(g, v)| api_group(g, v))
+        .collect();
     ok(&json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
 }
 
 /// `/apis/{group}` (an APIGroup) and `/api/v1`, `/apis/{group}/{version}`
 /// (an APIResourceList).
-pub(crate) fn group_version(server: &Server, group: &str, version: Option<&str>) -> Result<Response, ApiError> {
-    let not_found = || ApiError::new(404, "NotFound", "the server could not find the requested resource");
+pub(crate) fn group_version(
+    server: &Server,
+    group: &str,
+    version: Option<&str>,
+) -> Result<Response, ApiError> {
+    let not_found = || {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    };
     let Some(version) = version else {
         let groups = group_versions(server);
         let versions = groups.get(group).ok_or_else(not_found)?;
@@ -134,7 +156,11 @@ pub(crate) fn group_version(server: &Server, group: &str, version: Option<&str>)
             }));
         }
     }
-    let group_version = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
     Ok(ok(&json!({
         "kind": "APIResourceList",
         "apiVersion": "v1",
@@ -145,7 +171,11 @@ pub(crate) fn group_version(server: &Server, group: &str, version: Option<&str>)
 
 /// The OpenAPI v3 path of a group version: `api/v1`, `apis/g/v`.
 fn openapi_path(group: &str, version: &str) -> String {
-    if group.is_empty() { format!("api/{version}") } else { format!("apis/{group}/{version}") }
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
 }
 
 pub(crate) async fn openapi_index(State(server): State<Shared>) -> Response {
@@ -164,15 +194,32 @@ pub(crate) async fn openapi_index(State(server): State<Shared>) -> Response {
     ok(&json!({"paths": paths}))
 }
 
-pub(crate) async fn openapi_doc(State(server): State<Shared>, Path(path): Path<String>) -> Response {
+pub(crate) async fn openapi_doc(
+    State(server): State<Shared>,
+    Path(path): Path<String>,
+) -> Response {
     let segments: Vec<&str> = path.split('/').collect();
     let (group, version) = match segments.as_slice() {
         ["api", v] => ("", *v),
         ["apis", g, v] => (*g, *v),
-        _ => return axum::response::IntoResponse::into_response(ApiError::new(404, "NotFound", "the server could not find the requested resource")),
+        _ => {
+            return axum::response::IntoResponse::into_response(ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ));
+        }
     };
-    if !server.resources.iter().any(|r| r.group == group && r.version == version) {
-        return axum::response::IntoResponse::into_response(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
+    if !server
+        .resources
+        .iter()
+        .any(|r| r.group == group && r.version == version)
+    {
+        return axum::response::IntoResponse::into_response(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
     }
     ok(&openapi_document(&server, group, version))
 }
@@ -190,20 +237,36 @@ fn schema_name(r: &ResourceDef) -> String {
 fn openapi_document(server: &Server, group: &str, version: &str) -> Value {
     let mut paths = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
-    for r in server.resources.iter().filter(|r| r.group == group && r.version == version) {
+    for r in server
+        .resources
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+    {
         let name = schema_name(r);
         let gvk = json!([{"group": r.group, "version": r.version, "kind": r.kind}]);
-        let mut schema = r.schema.clone().unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let mut schema = r.schema.clone().unwrap_or_else(
+            || json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+        );
         schema["x-kubernetes-group-version-kind"] = gvk.clone();
         schemas.insert(name.clone(), schema);
         let object_ref = json!({"$ref": format!("#/components/schemas/{name}")});
-        let base = if r.group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
+        let base = if r.group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
         let collection = if r.namespaced {
             format!("{base}/namespaces/{{namespace}}/{}", r.plural)
         } else {
             format!("{base}/{}", r.plural)
         };
-        let namespace_param = r.namespaced.then(|| param("namespace", "path", "object name and auth scope, such as for teams and projects"));
+        let namespace_param = r.namespaced.then(|| {
+            param(
+                "namespace",
+                "path",
+                "object name and auth scope, such as for teams and projects",
+            )
+        });
         let name_param = param("name", "path", &format!("name of the {}", r.kind));
         let op = |action: &str, params: Vec<Value>, body: bool| -> Value {
             let mut all: Vec<Value> = namespace_param.iter().cloned().collect();
@@ -222,15 +285,31 @@ fn openapi_document(server: &Server, group: &str, version: &str) -> Value {
         };
         let write_params = || {
             vec![
-                param("dryRun", "query", "when present, the write is not persisted"),
-                param("fieldManager", "query", "the name of the actor making the change"),
-                param("fieldValidation", "query", "Ignore, Warn (default) or Strict: what to do with unknown fields"),
+                param(
+                    "dryRun",
+                    "query",
+                    "when present, the write is not persisted",
+                ),
+                param(
+                    "fieldManager",
+                    "query",
+                    "the name of the actor making the change",
+                ),
+                param(
+                    "fieldValidation",
+                    "query",
+                    "Ignore, Warn (default) or Strict: what to do with unknown fields",
+                ),
             ]
         };
         let list_params = vec![
             param("labelSelector", "query", "a selector on labels"),
             param("fieldSelector", "query", "a selector on fields"),
-            param("resourceVersion", "query", "resourceVersion to list or watch from"),
+            param(
+                "resourceVersion",
+                "query",
+                "resourceVersion to list or watch from",
+            ),
             param("watch", "query", "watch for changes"),
             param("allowWatchBookmarks", "query", "ask for BOOKMARK events"),
             param("limit", "query", "page size"),
@@ -249,7 +328,11 @@ fn openapi_document(server: &Server, group: &str, version: &str) -> Value {
             with_name.insert(0, name_param.clone());
             item["put"] = op("put", with_name.clone(), true);
             let mut patch_params = with_name.clone();
-            patch_params.push(param("force", "query", "force apply, taking ownership of conflicting fields"));
+            patch_params.push(param(
+                "force",
+                "query",
+                "force apply, taking ownership of conflicting fields",
+            ));
             item["patch"] = op("patch", patch_params, true);
             item["delete"] = op("delete", vec![name_param.clone()], false);
         }

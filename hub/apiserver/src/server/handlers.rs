@@ -24,11 +24,15 @@ use crate::{admission, patch, schema, table};
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
 pub(crate) async fn core(State(server): State<Shared>, req: Request) -> Response {
-    dispatch(server, true, req).await.unwrap_or_else(IntoResponse::into_response)
+    dispatch(server, true, req)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 pub(crate) async fn grouped(State(server): State<Shared>, req: Request) -> Response {
-    dispatch(server, false, req).await.unwrap_or_else(IntoResponse::into_response)
+    dispatch(server, false, req)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
 pub(crate) async fn not_found() -> Response {
@@ -36,7 +40,11 @@ pub(crate) async fn not_found() -> Response {
 }
 
 fn not_served() -> ApiError {
-    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
 }
 
 /// Everything a handler needs about one request.
@@ -52,7 +60,11 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     fn key(&self, name: &str) -> Key {
-        Key::new(&self.def.store_key(), self.target.namespace.as_deref(), name)
+        Key::new(
+            &self.def.store_key(),
+            self.target.namespace.as_deref(),
+            name,
+        )
     }
     fn name(&self) -> &str {
         self.target.name.as_deref().unwrap_or_default()
@@ -64,9 +76,15 @@ impl Ctx {
     /// own status, `/status` owns nothing else.
     fn scope(&self) -> patch::ManagerScope<'static> {
         if self.sub() == Some("status") {
-            patch::ManagerScope { subresource: "status", reset_fields: &["spec", "metadata"] }
+            patch::ManagerScope {
+                subresource: "status",
+                reset_fields: &["spec", "metadata"],
+            }
         } else if self.def.status_subresource {
-            patch::ManagerScope { subresource: "", reset_fields: &["status"] }
+            patch::ManagerScope {
+                subresource: "",
+                reset_fields: &["status"],
+            }
         } else {
             patch::ManagerScope::default()
         }
@@ -143,7 +161,15 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
     let body = axum::body::to_bytes(body, MAX_BODY)
         .await
         .map_err(|e| ApiError::too_large(format!("the request body could not be read: {e}")))?;
-    let ctx = Ctx { server, def, target, query, headers: parts.headers, user, format };
+    let ctx = Ctx {
+        server,
+        def,
+        target,
+        query,
+        headers: parts.headers,
+        user,
+        format,
+    };
     let method = parts.method;
     match (ctx.sub(), ctx.target.name.is_some()) {
         (None, false) => match method {
@@ -153,20 +179,26 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
             Method::DELETE => delete_collection(&ctx, &body).await,
             _ => Err(method_not_allowed(&method)),
         },
-        (None, true) | (Some("status"), true) if ctx.sub().is_none() || ctx.def.status_subresource => match method {
-            Method::GET => get(&ctx),
-            Method::PUT => update(&ctx, &body).await,
-            Method::PATCH => patch(&ctx, &body).await,
-            Method::DELETE if ctx.sub().is_none() => delete(&ctx, &body).await,
-            _ => Err(method_not_allowed(&method)),
-        },
+        (None, true) | (Some("status"), true)
+            if ctx.sub().is_none() || ctx.def.status_subresource =>
+        {
+            match method {
+                Method::GET => get(&ctx),
+                Method::PUT => update(&ctx, &body).await,
+                Method::PATCH => patch(&ctx, &body).await,
+                Method::DELETE if ctx.sub().is_none() => delete(&ctx, &body).await,
+                _ => Err(method_not_allowed(&method)),
+            }
+        }
         (Some("log"), true) if ctx.def.log_subresource && method == Method::GET => logs(&ctx).await,
         _ => Err(not_served()),
     }
 }
 
 fn method_not_allowed(method: &Method) -> ApiError {
-    ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource: {method}"))
+    ApiError::method_not_allowed(format!(
+        "the server does not allow this method on the requested resource: {method}"
+    ))
 }
 
 fn read_only(ctx: &Ctx) -> Result<(), ApiError> {
@@ -186,7 +218,13 @@ fn get(ctx: &Ctx) -> Result<Response, ApiError> {
         .get(&ctx.key(ctx.name()))
         .ok_or_else(|| ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name()))?;
     let body = match ctx.format {
-        Format::Table => table::to_table(&ctx.def, &[object.value.as_ref()], None, include_object(ctx)?, now()),
+        Format::Table => table::to_table(
+            &ctx.def,
+            &[object.value.as_ref()],
+            None,
+            include_object(ctx)?,
+            now(),
+        ),
         Format::Metadata => partial_metadata(&object.value),
         _ => object.value.as_ref().clone(),
     };
@@ -210,7 +248,9 @@ pub(crate) fn now() -> jiff::Timestamp {
 }
 
 pub(crate) fn now_rfc3339() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// The selectors of a list or watch.
@@ -221,7 +261,11 @@ pub(crate) struct Selectors {
 
 impl Selectors {
     pub fn parse(ctx: &Ctx) -> Result<Selectors, ApiError> {
-        let labels = ctx.query.get("labelSelector").map(LabelSelector::parse).transpose()?;
+        let labels = ctx
+            .query
+            .get("labelSelector")
+            .map(LabelSelector::parse)
+            .transpose()?;
         let mut supported: Vec<&str> = vec!["metadata.name", "metadata.namespace"];
         supported.extend(ctx.def.selectable_fields.iter().map(String::as_str));
         let fields = ctx
@@ -233,7 +277,9 @@ impl Selectors {
     }
 
     pub fn matches(&self, value: &Value) -> bool {
-        self.labels.as_ref().is_none_or(|s| s.matches(meta(value).get("labels")))
+        self.labels
+            .as_ref()
+            .is_none_or(|s| s.matches(meta(value).get("labels")))
             && self.fields.as_ref().is_none_or(|s| s.matches(value))
     }
 }
@@ -247,9 +293,15 @@ struct Continue {
 
 fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     let selectors = Selectors::parse(ctx)?;
-    let (objects, rv) = ctx.server.store.list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
+    let (objects, rv) = ctx
+        .server
+        .store
+        .list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
     let limit = match ctx.query.get("limit") {
-        Some(l) => Some(l.parse::<usize>().map_err(|_| ApiError::bad_request(format!("limit: invalid value {l:?}")))?),
+        Some(l) => Some(
+            l.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("limit: invalid value {l:?}")))?,
+        ),
         None => None,
     }
     .filter(|&l| l > 0);
@@ -264,33 +316,49 @@ fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         .collect();
     let mut next = None;
     let mut remaining = 0;
-    if let Some(limit) = limit {
-        if items.len() > limit {
-            remaining = items.len() - limit;
-            items.truncate(limit);
-            next = items.last().map(|o| encode_continue(&Continue { rv, after: position(&o.key) }));
-        }
+    if let Some(limit) = limit
+        && items.len() > limit
+    {
+        remaining = items.len() - limit;
+        items.truncate(limit);
+        next = items.last().map(|o| {
+            encode_continue(&Continue {
+                rv,
+                after: position(&o.key),
+            })
+        });
     }
     let list_rv = after.map_or(rv, |a| a.rv).to_string();
     let values: Vec<&Value> = items.iter().map(|o| o.value.as_ref()).collect();
     let body = match ctx.format {
         Format::Table => {
-            let mut t = table::to_table(&ctx.def, &values, Some(&list_rv), include_object(ctx)?, now());
+            let mut t = table::to_table(
+                &ctx.def,
+                &values,
+                Some(&list_rv),
+                include_object(ctx)?,
+                now(),
+            );
             if let Some(next) = &next {
                 t["metadata"]["continue"] = next.clone().into();
             }
             t
         }
         format => {
-            let (api_version, kind, items): (String, String, Vec<Value>) = if format == Format::Metadata {
-                (
-                    "meta.k8s.io/v1".into(),
-                    "PartialObjectMetadataList".into(),
-                    values.iter().map(|v| partial_metadata(v)).collect(),
-                )
-            } else {
-                (ctx.def.api_version(), ctx.def.list_kind.clone(), values.iter().map(|v| (*v).clone()).collect())
-            };
+            let (api_version, kind, items): (String, String, Vec<Value>) =
+                if format == Format::Metadata {
+                    (
+                        "meta.k8s.io/v1".into(),
+                        "PartialObjectMetadataList".into(),
+                        values.iter().map(|v| partial_metadata(v)).collect(),
+                    )
+                } else {
+                    (
+                        ctx.def.api_version(),
+                        ctx.def.list_kind.clone(),
+                        values.iter().map(|v| (*v).clone()).collect(),
+                    )
+                };
             let mut metadata = Map::new();
             metadata.insert("resourceVersion".into(), list_rv.into());
             if let Some(next) = next {
@@ -309,7 +377,8 @@ fn position(key: &Key) -> String {
 
 fn encode_continue(c: &Continue) -> String {
     use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(serde_json::to_vec(c).unwrap_or_default())
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(serde_json::to_vec(c).unwrap_or_default())
 }
 
 fn decode_continue(token: &str) -> Result<Continue, ApiError> {
@@ -323,13 +392,24 @@ fn decode_continue(token: &str) -> Result<Continue, ApiError> {
 
 /// Checks `apiVersion` and `kind` of a written object against the URL.
 fn check_type(ctx: &Ctx, value: &Value) -> Result<(), ApiError> {
-    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if !value.is_object() {
-        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+        return Err(ApiError::bad_request(
+            "the object provided is not a JSON object",
+        ));
     }
     if kind.is_empty() {
-        return Err(ApiError::bad_request(format!("Object 'Kind' is missing in '{}'", truncate(value))));
+        return Err(ApiError::bad_request(format!(
+            "Object 'Kind' is missing in '{}'",
+            truncate(value)
+        )));
     }
     if api_version != ctx.def.api_version() || kind != ctx.def.kind {
         return Err(ApiError::bad_request(format!(
@@ -370,7 +450,9 @@ fn check_name(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
         && name.len() <= 253
         && name.split('.').all(|label| {
             !label.is_empty()
-                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         });
@@ -392,7 +474,11 @@ fn check_name(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
 /// Prunes fields the schema does not know, and reports them as the
 /// `fieldValidation` mode asks: Strict fails, Warn (default) warns, Ignore
 /// drops silently.
-fn validate_fields(ctx: &Ctx, value: &mut Value, warnings: &mut Vec<String>) -> Result<(), ApiError> {
+fn validate_fields(
+    ctx: &Ctx,
+    value: &mut Value,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
     let Some(schema) = &ctx.def.schema else {
         return Ok(());
     };
@@ -400,9 +486,15 @@ fn validate_fields(ctx: &Ctx, value: &mut Value, warnings: &mut Vec<String>) -> 
     if unknown.is_empty() {
         return Ok(());
     }
-    let messages: Vec<String> = unknown.iter().map(|p| format!("unknown field \"{p}\"")).collect();
+    let messages: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field \"{p}\""))
+        .collect();
     match ctx.query.get("fieldValidation").unwrap_or("Warn") {
-        "Strict" => Err(ApiError::bad_request(format!("strict decoding error: {}", messages.join(", ")))),
+        "Strict" => Err(ApiError::bad_request(format!(
+            "strict decoding error: {}",
+            messages.join(", ")
+        ))),
         "Ignore" => Ok(()),
         "Warn" => {
             warnings.extend(messages);
@@ -425,7 +517,9 @@ fn run_admission(
         resource: &ctx.def,
         subresource: ctx.sub(),
         namespace: ctx.target.namespace.as_deref(),
-        name: meta_str(object, "name").or(old.and_then(|o| meta_str(o, "name"))).unwrap_or_default(),
+        name: meta_str(object, "name")
+            .or(old.and_then(|o| meta_str(o, "name")))
+            .unwrap_or_default(),
         old,
         user: &ctx.user,
         dry_run: ctx.dry_run(),
@@ -441,7 +535,11 @@ fn run_admission(
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let bytes = uuid::Uuid::new_v4().into_bytes();
-    bytes.iter().take(5).map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char).collect()
+    bytes
+        .iter()
+        .take(5)
+        .map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char)
+        .collect()
 }
 
 async fn create(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
@@ -453,7 +551,11 @@ async fn create(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
 
 /// Creates `object` (from a POST, or an apply to a missing object):
 /// bookkeeping, field validation, admission, commit.
-pub(crate) async fn create_object(ctx: &Ctx, mut object: Value, applied_by: Option<&str>) -> Result<(Value, Vec<String>), ApiError> {
+pub(crate) async fn create_object(
+    ctx: &Ctx,
+    mut object: Value,
+    applied_by: Option<&str>,
+) -> Result<(Value, Vec<String>), ApiError> {
     check_type(ctx, &object)?;
     let mut warnings = Vec::new();
     let url_ns = ctx.target.namespace.clone();
@@ -472,39 +574,54 @@ pub(crate) async fn create_object(ctx: &Ctx, mut object: Value, applied_by: Opti
     if let Some(ns) = &url_ns {
         meta.insert("namespace".into(), ns.clone().into());
     }
-    let mut name = meta.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-    if name.is_empty() {
-        if let Some(prefix) = meta.get("generateName").and_then(Value::as_str).filter(|p| !p.is_empty()) {
-            name = format!("{prefix}{}", random_suffix());
-            meta.insert("name".into(), name.clone().into());
-        }
+    let mut name = meta
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if name.is_empty()
+        && let Some(prefix) = meta
+            .get("generateName")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+    {
+        name = format!("{prefix}{}", random_suffix());
+        meta.insert("name".into(), name.clone().into());
     }
-    if let Some(url_name) = ctx.target.name.as_deref() {
-        if name != url_name {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({name}) does not match the name on the URL ({url_name})"
-            )));
-        }
+    if let Some(url_name) = ctx.target.name.as_deref()
+        && name != url_name
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({name}) does not match the name on the URL ({url_name})"
+        )));
     }
     if name.is_empty() {
         return Err(ApiError::invalid(
             &ctx.def.group,
             &ctx.def.kind,
             "",
-            &[FieldError::required("metadata.name", "name or generateName is required")],
+            &[FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            )],
         ));
     }
     meta.insert("uid".into(), uuid::Uuid::new_v4().to_string().into());
     meta.insert("creationTimestamp".into(), now_rfc3339().into());
     meta.insert("generation".into(), 1.into());
-    for field in ["resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"] {
+    for field in [
+        "resourceVersion",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "selfLink",
+    ] {
         meta.remove(field);
     }
     check_name(ctx, &name)?;
-    if ctx.def.status_subresource {
-        if let Some(obj) = object.as_object_mut() {
-            obj.remove("status");
-        }
+    if ctx.def.status_subresource
+        && let Some(obj) = object.as_object_mut()
+    {
+        obj.remove("status");
     }
     validate_fields(ctx, &mut object, &mut warnings)?;
     let manager = ctx.manager();
@@ -528,10 +645,17 @@ pub(crate) async fn create_object(ctx: &Ctx, mut object: Value, applied_by: Opti
     let stored = ctx
         .server
         .store
-        .commit(vec![Op::Create { key: ctx.key(&name), value: object }])
+        .commit(vec![Op::Create {
+            key: ctx.key(&name),
+            value: object,
+        }])
         .await
         .map_err(|e| ctx.store_error(e))?;
-    let value = stored.into_iter().next().map(|o| o.value.as_ref().clone()).unwrap_or_default();
+    let value = stored
+        .into_iter()
+        .next()
+        .map(|o| o.value.as_ref().clone())
+        .unwrap_or_default();
     Ok((value, warnings))
 }
 
@@ -543,8 +667,11 @@ fn current(ctx: &Ctx) -> Result<Object, ApiError> {
 }
 
 fn parse_rv(s: &str) -> Result<Rv, ApiError> {
-    s.parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}: must be an unsigned integer")))
+    s.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "invalid resourceVersion {s:?}: must be an unsigned integer"
+        ))
+    })
 }
 
 async fn update(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
@@ -564,7 +691,11 @@ async fn update(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
             &ctx.def.group,
             &ctx.def.kind,
             ctx.name(),
-            &[FieldError::invalid("metadata.resourceVersion", "0x0", "must be specified for an update")],
+            &[FieldError::invalid(
+                "metadata.resourceVersion",
+                "0x0",
+                "must be specified for an update",
+            )],
         ));
     };
     let expected = parse_rv(rv)?;
@@ -581,11 +712,25 @@ async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
         None if content_type == "application/apply-patch+yaml" && ctx.sub().is_none() => {
             let applied = request::parse_body(&ctx.headers, body)?;
             let manager = required_manager(ctx)?;
-            let object = patch::apply_in(None, &applied, &manager, force(ctx), keys, &now_rfc3339(), &ctx.scope())?;
+            let object = patch::apply_in(
+                None,
+                &applied,
+                &manager,
+                force(ctx),
+                keys,
+                &now_rfc3339(),
+                &ctx.scope(),
+            )?;
             let (stored, warnings) = create_object(ctx, object, Some(&manager)).await?;
             return Ok(ctx.respond(StatusCode::CREATED, &stored, &warnings));
         }
-        None => return Err(ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name())),
+        None => {
+            return Err(ApiError::not_found(
+                &ctx.def.group,
+                &ctx.def.plural,
+                ctx.name(),
+            ));
+        }
     };
     let mut patched = old.value.as_ref().clone();
     match content_type.as_str() {
@@ -605,7 +750,15 @@ async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
             let applied = request::parse_body(&ctx.headers, body)?;
             check_type(ctx, &applied)?;
             let manager = required_manager(ctx)?;
-            patched = patch::apply_in(Some(&patched), &applied, &manager, force(ctx), keys, &now_rfc3339(), &ctx.scope())?;
+            patched = patch::apply_in(
+                Some(&patched),
+                &applied,
+                &manager,
+                force(ctx),
+                keys,
+                &now_rfc3339(),
+                &ctx.scope(),
+            )?;
         }
         other => return Err(ApiError::unsupported_media_type(other)),
     }
@@ -619,9 +772,14 @@ async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
 }
 
 fn required_manager(ctx: &Ctx) -> Result<String, ApiError> {
-    ctx.query.get("fieldManager").map(str::to_string).ok_or_else(|| {
-        ApiError::bad_request("PATCH, application/apply-patch+yaml: fieldManager is required for apply requests")
-    })
+    ctx.query
+        .get("fieldManager")
+        .map(str::to_string)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "PATCH, application/apply-patch+yaml: fieldManager is required for apply requests",
+            )
+        })
 }
 
 fn force(ctx: &Ctx) -> bool {
@@ -648,27 +806,29 @@ async fn write_update(
 ) -> Result<(StatusCode, Value, Vec<String>), ApiError> {
     let mut warnings = Vec::new();
     if !new.is_object() {
-        return Err(ApiError::bad_request("the object provided is not a JSON object"));
+        return Err(ApiError::bad_request(
+            "the object provided is not a JSON object",
+        ));
     }
-    if let Some(expected) = expected {
-        if expected != old.rv {
-            return Err(ApiError::conflict(
-                &ctx.def.group,
-                &ctx.def.plural,
-                ctx.name(),
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
-        }
+    if let Some(expected) = expected
+        && expected != old.rv
+    {
+        return Err(ApiError::conflict(
+            &ctx.def.group,
+            &ctx.def.plural,
+            ctx.name(),
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ));
     }
     let status_write = ctx.sub() == Some("status");
     if status_write {
         // Only status changes through /status.
         let mut merged = old.value.as_ref().clone();
         merged["status"] = new.get("status").cloned().unwrap_or(Value::Null);
-        if merged["status"].is_null() {
-            if let Some(o) = merged.as_object_mut() {
-                o.remove("status");
-            }
+        if merged["status"].is_null()
+            && let Some(o) = merged.as_object_mut()
+        {
+            o.remove("status");
         }
         new = merged;
     } else if ctx.def.status_subresource {
@@ -684,7 +844,15 @@ async fn write_update(
     // What the server owns in metadata.
     let old_meta = meta(&old.value).clone();
     let meta = metadata_mut(&mut new);
-    for field in ["name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"] {
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
         match old_meta.get(field) {
             Some(v) => meta.insert(field.into(), v.clone()),
             None => meta.remove(field),
@@ -693,7 +861,11 @@ async fn write_update(
     meta.insert("resourceVersion".into(), old.rv.to_string().into());
     validate_fields(ctx, &mut new, &mut warnings)?;
     if spec_part(&new) != spec_part(&old.value) {
-        let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+        let generation = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
         metadata_mut(&mut new).insert("generation".into(), generation.into());
     }
     // Apply recorded its own ownership; other writes own what they changed.
@@ -721,12 +893,28 @@ async fn write_update(
     let finalizers_empty = meta_finalizers(&new).is_empty();
     let deleting = super::meta(&new).contains_key("deletionTimestamp");
     let op = if deleting && finalizers_empty {
-        Op::Delete { key: ctx.key(ctx.name()), expected: Some(old.rv) }
+        Op::Delete {
+            key: ctx.key(ctx.name()),
+            expected: Some(old.rv),
+        }
     } else {
-        Op::Update { key: ctx.key(ctx.name()), value: new, expected: Some(old.rv) }
+        Op::Update {
+            key: ctx.key(ctx.name()),
+            value: new,
+            expected: Some(old.rv),
+        }
     };
-    let stored = ctx.server.store.commit(vec![op]).await.map_err(|e| ctx.store_error(e))?;
-    let value = stored.into_iter().next().map(|o| o.value.as_ref().clone()).unwrap_or_default();
+    let stored = ctx
+        .server
+        .store
+        .commit(vec![op])
+        .await
+        .map_err(|e| ctx.store_error(e))?;
+    let value = stored
+        .into_iter()
+        .next()
+        .map(|o| o.value.as_ref().clone())
+        .unwrap_or_default();
     Ok((StatusCode::OK, value, warnings))
 }
 
@@ -738,7 +926,12 @@ fn meta_finalizers(value: &Value) -> Vec<String> {
     meta(value)
         .get("finalizers")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -760,20 +953,32 @@ async fn delete(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
 
 /// Deletes one object: with finalizers it is marked (`deletionTimestamp`)
 /// and stays until they are removed; without, it goes at once.
-async fn delete_object(ctx: &Ctx, old: &Object, options: &Value) -> Result<(StatusCode, Value, Vec<String>), ApiError> {
+async fn delete_object(
+    ctx: &Ctx,
+    old: &Object,
+    options: &Value,
+) -> Result<(StatusCode, Value, Vec<String>), ApiError> {
     let name = old.key.name.clone();
     let preconditions = options.get("preconditions");
-    if let Some(uid) = preconditions.and_then(|p| p.get("uid")).and_then(Value::as_str) {
-        if Some(uid) != meta_str(&old.value, "uid") {
-            return Err(ApiError::conflict(
-                &ctx.def.group,
-                &ctx.def.plural,
-                &name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", meta_str(&old.value, "uid").unwrap_or_default()),
-            ));
-        }
+    if let Some(uid) = preconditions
+        .and_then(|p| p.get("uid"))
+        .and_then(Value::as_str)
+        && Some(uid) != meta_str(&old.value, "uid")
+    {
+        return Err(ApiError::conflict(
+            &ctx.def.group,
+            &ctx.def.plural,
+            &name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta_str(&old.value, "uid").unwrap_or_default()
+            ),
+        ));
     }
-    let expected = match preconditions.and_then(|p| p.get("resourceVersion")).and_then(Value::as_str) {
+    let expected = match preconditions
+        .and_then(|p| p.get("resourceVersion"))
+        .and_then(Value::as_str)
+    {
         Some(rv) => Some(parse_rv(rv)?),
         None => None,
     };
@@ -782,23 +987,38 @@ async fn delete_object(ctx: &Ctx, old: &Object, options: &Value) -> Result<(Stat
             &ctx.def.group,
             &ctx.def.plural,
             &name,
-            &format!("Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}", expected.unwrap_or_default(), old.rv),
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}",
+                expected.unwrap_or_default(),
+                old.rv
+            ),
         ));
     }
     let mut marked = old.value.as_ref().clone();
     let outcome = run_admission(ctx, Operation::Delete, Some(&old.value), &mut marked)?;
-    let dry_run = ctx.dry_run() || options.get("dryRun").and_then(Value::as_array).is_some_and(|a| a.iter().any(|v| v == "All"));
+    let dry_run = ctx.dry_run()
+        || options
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|v| v == "All"));
     let key = Key::new(&ctx.def.store_key(), ctx.target.namespace.as_deref(), &name);
     if meta_finalizers(&old.value).is_empty() {
         if !dry_run {
             ctx.server
                 .store
-                .commit(vec![Op::Delete { key, expected: Some(old.rv) }])
+                .commit(vec![Op::Delete {
+                    key,
+                    expected: Some(old.rv),
+                }])
                 .await
                 .map_err(|e| ctx.store_error(e))?;
         }
         let uid = meta_str(&old.value, "uid").unwrap_or_default();
-        return Ok((StatusCode::OK, status::success(&ctx.def.group, &ctx.def.plural, &name, uid), outcome.warnings));
+        return Ok((
+            StatusCode::OK,
+            status::success(&ctx.def.group, &ctx.def.plural, &name, uid),
+            outcome.warnings,
+        ));
     }
     if super::meta(&old.value).contains_key("deletionTimestamp") || dry_run {
         return Ok((StatusCode::OK, old.value.as_ref().clone(), outcome.warnings));
@@ -809,10 +1029,18 @@ async fn delete_object(ctx: &Ctx, old: &Object, options: &Value) -> Result<(Stat
     let stored = ctx
         .server
         .store
-        .commit(vec![Op::Update { key, value: marked, expected: Some(old.rv) }])
+        .commit(vec![Op::Update {
+            key,
+            value: marked,
+            expected: Some(old.rv),
+        }])
         .await
         .map_err(|e| ctx.store_error(e))?;
-    let value = stored.into_iter().next().map(|o| o.value.as_ref().clone()).unwrap_or_default();
+    let value = stored
+        .into_iter()
+        .next()
+        .map(|o| o.value.as_ref().clone())
+        .unwrap_or_default();
     Ok((StatusCode::OK, value, outcome.warnings))
 }
 
@@ -820,7 +1048,10 @@ async fn delete_collection(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError>
     read_only(ctx)?;
     let options = delete_options(ctx, body)?;
     let selectors = Selectors::parse(ctx)?;
-    let (objects, _) = ctx.server.store.list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
+    let (objects, _) = ctx
+        .server
+        .store
+        .list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
     let mut deleted = Vec::new();
     let mut warnings = Vec::new();
     for object in objects.iter().filter(|o| selectors.matches(&o.value)) {
@@ -846,15 +1077,26 @@ async fn delete_collection(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError>
 async fn logs(ctx: &Ctx) -> Result<Response, ApiError> {
     let pod = current(ctx)?;
     let Some(source) = &ctx.server.logs else {
-        return Err(ApiError::new(400, "BadRequest", format!("no logs are available for pod {}", ctx.name())));
+        return Err(ApiError::new(
+            400,
+            "BadRequest",
+            format!("no logs are available for pod {}", ctx.name()),
+        ));
     };
     let tail = match ctx.query.get("tailLines") {
-        Some(t) => Some(t.parse::<i64>().map_err(|_| ApiError::bad_request(format!("tailLines: invalid value {t:?}")))?),
+        Some(t) => Some(
+            t.parse::<i64>()
+                .map_err(|_| ApiError::bad_request(format!("tailLines: invalid value {t:?}")))?,
+        ),
         None => None,
     };
     let stream = source
-        .logs(&pod.value, ctx.query.get("container"), ctx.query.flag("follow"), tail)
+        .logs(
+            &pod.value,
+            ctx.query.get("container"),
+            ctx.query.flag("follow"),
+            tail,
+        )
         .await?;
     Ok(request::stream_response("text/plain", stream))
 }
-

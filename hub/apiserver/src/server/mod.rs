@@ -135,7 +135,9 @@ impl Server {
     }
 
     fn keys(&self, def: &ResourceDef) -> &dyn ListKeys {
-        let index = self.index.get(&(def.group.clone(), def.version.clone(), def.plural.clone()));
+        let index = self
+            .index
+            .get(&(def.group.clone(), def.version.clone(), def.plural.clone()));
         match index.and_then(|&i| self.keys.get(i)) {
             Some(keys) => keys.as_ref(),
             None => &BuiltinListKeys,
@@ -186,7 +188,10 @@ impl Server {
     /// authorization; admission and validation apply), for objects a server
     /// installs at start. The resource comes from `apiVersion` and `kind`,
     /// the namespace from `metadata.namespace` (default `default`).
-    pub async fn create_object(self: &Arc<Self>, object: Value) -> Result<Value, crate::status::ApiError> {
+    pub async fn create_object(
+        self: &Arc<Self>,
+        object: Value,
+    ) -> Result<Value, crate::status::ApiError> {
         let api_version = object["apiVersion"].as_str().unwrap_or_default();
         let kind = object["kind"].as_str().unwrap_or_default();
         let def = self
@@ -194,8 +199,16 @@ impl Server {
             .iter()
             .find(|r| r.api_version() == api_version && r.kind == kind)
             .cloned()
-            .ok_or_else(|| crate::status::ApiError::bad_request(format!("no resource serves {api_version} {kind}")))?;
-        let namespace = def.namespaced.then(|| meta_str(&object, "namespace").unwrap_or("default").to_string());
+            .ok_or_else(|| {
+                crate::status::ApiError::bad_request(format!(
+                    "no resource serves {api_version} {kind}"
+                ))
+            })?;
+        let namespace = def.namespaced.then(|| {
+            meta_str(&object, "namespace")
+                .unwrap_or("default")
+                .to_string()
+        });
         let ctx = handlers::Ctx {
             server: self.clone(),
             target: request::Target {
@@ -216,6 +229,8 @@ impl Server {
             },
             format: request::Format::Json,
         };
-        handlers::create_object(&ctx, object, None).await.map(|(value, _)| value)
+        handlers::create_object(&ctx, object, None)
+            .await
+            .map(|(value, _)| value)
     }
 }

@@ -31,7 +31,10 @@ pub(crate) struct Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Path {
     /// `/api/v1`, `/apis/g`, `/apis/g/v`: discovery.
-    GroupVersion { group: String, version: Option<String> },
+    GroupVersion {
+        group: String,
+        version: Option<String>,
+    },
     Resource(Target),
 }
 
@@ -45,7 +48,10 @@ pub(crate) fn parse_path(core: bool, rest: &str) -> Option<Path> {
         (*first, rest)
     };
     let Some((version, rest)) = rest.split_first() else {
-        return (!core).then(|| Path::GroupVersion { group: group.to_string(), version: None });
+        return (!core).then(|| Path::GroupVersion {
+            group: group.to_string(),
+            version: None,
+        });
     };
     let target = |namespace: Option<&str>, rest: &[&str]| -> Option<Path> {
         let (plural, rest) = rest.split_first()?;
@@ -65,7 +71,10 @@ pub(crate) fn parse_path(core: bool, rest: &str) -> Option<Path> {
         }))
     };
     match rest {
-        [] => Some(Path::GroupVersion { group: group.to_string(), version: Some(version.to_string()) }),
+        [] => Some(Path::GroupVersion {
+            group: group.to_string(),
+            version: Some(version.to_string()),
+        }),
         ["namespaces", ns, tail @ ..] if !tail.is_empty() => target(Some(ns), tail),
         tail => target(None, tail),
     }
@@ -85,7 +94,10 @@ impl Query {
         Query(map)
     }
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str).filter(|v| !v.is_empty())
+        self.0
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
     }
     pub fn flag(&self, key: &str) -> bool {
         matches!(self.0.get(key).map(String::as_str), Some("true" | "1" | ""))
@@ -162,7 +174,11 @@ pub(crate) fn negotiate(headers: &HeaderMap) -> Result<Format, ApiError> {
 }
 
 /// The caller, as the authenticator established.
-pub(crate) fn authenticate(server: &Server, headers: &HeaderMap, extensions: &axum::http::Extensions) -> Result<UserInfo, ApiError> {
+pub(crate) fn authenticate(
+    server: &Server,
+    headers: &HeaderMap,
+    extensions: &axum::http::Extensions,
+) -> Result<UserInfo, ApiError> {
     let Some(authenticator) = &server.authenticator else {
         return Ok(UserInfo {
             name: "system:anonymous-admin".into(),
@@ -170,7 +186,9 @@ pub(crate) fn authenticate(server: &Server, headers: &HeaderMap, extensions: &ax
             groups: vec!["system:masters".into(), "system:authenticated".into()],
         });
     };
-    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     let cert = extensions
         .get::<crate::tls::PeerCertificate>()
         .and_then(|c| c.0.clone());
@@ -226,8 +244,10 @@ pub(crate) fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiE
         return Err(ApiError::bad_request("the request body is empty"));
     }
     if content_type.ends_with("yaml") {
-        let text = std::str::from_utf8(body).map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
-        return serde_saphyr::from_str(text).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")));
+        let text = std::str::from_utf8(body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
+        return serde_saphyr::from_str(text)
+            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")));
     }
     serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!(
@@ -250,13 +270,23 @@ pub(crate) fn content_type(headers: &HeaderMap) -> String {
 }
 
 /// A JSON (or YAML) answer with `Warning` headers.
-pub(crate) fn respond(status: StatusCode, body: &Value, format: Format, warnings: &[String]) -> Response {
+pub(crate) fn respond(
+    status: StatusCode,
+    body: &Value,
+    format: Format,
+    warnings: &[String],
+) -> Response {
     let (bytes, media) = match format {
         Format::Yaml => (
-            serde_saphyr::to_string(body).unwrap_or_default().into_bytes(),
+            serde_saphyr::to_string(body)
+                .unwrap_or_default()
+                .into_bytes(),
             "application/yaml",
         ),
-        _ => (serde_json::to_vec(body).unwrap_or_default(), "application/json"),
+        _ => (
+            serde_json::to_vec(body).unwrap_or_default(),
+            "application/json",
+        ),
     };
     let mut response = (status, bytes).into_response();
     response
@@ -289,15 +319,16 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut response = respond(status, &self.to_status(), Format::Json, &[]);
-        if let Some(seconds) = self.retry_after_seconds {
-            if let Ok(v) = HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, v);
-            }
+        if let Some(seconds) = self.retry_after_seconds
+            && let Ok(v) = HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
         }
         if self.code == 401 {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"trainhub\""));
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"trainhub\""),
+            );
         }
         response
     }
@@ -336,7 +367,10 @@ mod tests {
 
     #[test]
     fn paths() {
-        let p = parse_path(false, "trainer.kubeflow.org/v1alpha1/namespaces/ns/trainjobs/j/status");
+        let p = parse_path(
+            false,
+            "trainer.kubeflow.org/v1alpha1/namespaces/ns/trainjobs/j/status",
+        );
         assert_eq!(
             p,
             Some(Path::Resource(Target {
@@ -349,17 +383,24 @@ mod tests {
             }))
         );
         let p = parse_path(true, "v1/pods");
-        assert!(matches!(p, Some(Path::Resource(Target { ref plural, namespace: None, .. })) if plural == "pods"));
+        assert!(
+            matches!(p, Some(Path::Resource(Target { ref plural, namespace: None, .. })) if plural == "pods")
+        );
         assert_eq!(
             parse_path(false, "trainer.kubeflow.org"),
-            Some(Path::GroupVersion { group: "trainer.kubeflow.org".into(), version: None })
+            Some(Path::GroupVersion {
+                group: "trainer.kubeflow.org".into(),
+                version: None
+            })
         );
         assert_eq!(parse_path(true, "v1/a/b/c/d"), None);
     }
 
     #[test]
     fn query_decoding() {
-        let q = Query::parse(Some("labelSelector=app%3Dx%2Cenv+in+(a)&watch=1&allowWatchBookmarks=true"));
+        let q = Query::parse(Some(
+            "labelSelector=app%3Dx%2Cenv+in+(a)&watch=1&allowWatchBookmarks=true",
+        ));
         assert_eq!(q.get("labelSelector"), Some("app=x,env in (a)"));
         assert!(q.flag("watch"));
         assert!(!q.flag("missing"));
@@ -373,7 +414,10 @@ mod tests {
             HeaderValue::from_static("application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"),
         );
         assert_eq!(negotiate(&h).ok(), Some(Format::Table));
-        h.insert(header::ACCEPT, HeaderValue::from_static("application/vnd.kubernetes.protobuf, */*"));
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/vnd.kubernetes.protobuf, */*"),
+        );
         assert_eq!(negotiate(&h).ok(), Some(Format::Json));
         h.insert(header::ACCEPT, HeaderValue::from_static("text/html"));
         assert_eq!(negotiate(&h).map_err(|e| e.code), Err(406));

@@ -40,13 +40,13 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     };
     let send_initial = ctx.query.flag("sendInitialEvents");
     let bookmarks = ctx.query.flag("allowWatchBookmarks");
-    let timeout = match ctx.query.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(
-            t.parse::<u64>()
-                .map_err(|_| ApiError::bad_request(format!("timeoutSeconds: invalid value {t:?}")))?,
-        ),
-        None => DEFAULT_TIMEOUT,
-    };
+    let timeout =
+        match ctx.query.get("timeoutSeconds") {
+            Some(t) => Duration::from_secs(t.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(format!("timeoutSeconds: invalid value {t:?}"))
+            })?),
+            None => DEFAULT_TIMEOUT,
+        };
     let store = ctx.server.store.clone();
     let resource = ctx.def.store_key();
     let namespace = ctx.target.namespace.clone();
@@ -64,7 +64,9 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     let watch = match store.watch(&resource, namespace.as_deref(), Some(since)) {
         Ok(w) => w,
         Err(crate::store::StoreError::Gone { requested, oldest }) => {
-            let status = ApiError::expired(format!("too old resource version: {requested} ({oldest})")).to_status();
+            let status =
+                ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
+                    .to_status();
             let line = line("ERROR", &status);
             let _ = tx.send(line).await;
             drop(tx);
@@ -74,9 +76,19 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     };
     let interval = ctx.server.bookmark_interval;
     tokio::spawn(async move {
-        let mut w = Writer { ctx, selectors, tx, format, visible: HashSet::new(), last_rv: since };
+        let mut w = Writer {
+            ctx,
+            selectors,
+            tx,
+            format,
+            visible: HashSet::new(),
+            last_rv: since,
+        };
         for object in &initial {
-            if !w.send_state(EventType::Added, &object.key, &object.value).await {
+            if !w
+                .send_state(EventType::Added, &object.key, &object.value)
+                .await
+            {
                 return;
             }
         }
@@ -143,12 +155,18 @@ struct Writer {
 
 impl Writer {
     fn matches(&self, key: &Key, value: &Value) -> bool {
-        self.ctx.target.name.as_deref().is_none_or(|n| n == key.name) && self.selectors.matches(value)
+        self.ctx
+            .target
+            .name
+            .as_deref()
+            .is_none_or(|n| n == key.name)
+            && self.selectors.matches(value)
     }
 
     async fn send_event(&mut self, event: &Event) -> bool {
         self.last_rv = event.object.rv;
-        self.send_state(event.kind, &event.object.key, &event.object.value).await
+        self.send_state(event.kind, &event.object.key, &event.object.value)
+            .await
     }
 
     /// Sends what the client must see of a change, given what it saw before.
@@ -173,7 +191,13 @@ impl Writer {
 
     fn render(&self, value: &Value) -> Value {
         match self.format {
-            Format::Table => table::to_table(&self.ctx.def, &[value], None, table::IncludeObject::Metadata, now()),
+            Format::Table => table::to_table(
+                &self.ctx.def,
+                &[value],
+                None,
+                table::IncludeObject::Metadata,
+                now(),
+            ),
             Format::Metadata => partial_metadata(value),
             _ => value.clone(),
         }
@@ -193,7 +217,8 @@ impl Writer {
 }
 
 fn line(kind: &str, object: &Value) -> bytes::Bytes {
-    let mut bytes = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    let mut bytes =
+        serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
     bytes.push(b'\n');
     bytes::Bytes::from(bytes)
 }

@@ -1,2 +1,0 @@
-// STUB
-pub struct PeerCertificate(pub Option<std::sync::Arc<Vec<u8>>>);
