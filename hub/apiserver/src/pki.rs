@@ -300,9 +300,17 @@ fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Splits one DER element off `input`: (tag, content, whole element, rest).
-fn split_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
-    let tag = *input.first()?;
+/// One DER element split off the front of a byte string.
+struct Tlv<'a> {
+    content: &'a [u8],
+    /// Header and content.
+    whole: &'a [u8],
+    /// What follows the element.
+    rest: &'a [u8],
+}
+
+/// Splits one DER element (single-byte tag) off `input`.
+fn split_tlv(input: &[u8]) -> Option<Tlv<'_>> {
     let first = *input.get(1)?;
     let (len, header) = if first < 0x80 {
         (usize::from(first), 2)
@@ -319,7 +327,11 @@ fn split_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8], &[u8])> {
     };
     let end = header.checked_add(len)?;
     let whole = input.get(..end)?;
-    Some((tag, whole.get(header..)?, whole, input.get(end..)?))
+    Some(Tlv {
+        content: whole.get(header..)?,
+        whole,
+        rest: input.get(end..)?,
+    })
 }
 
 /// `O=org…, CN=name`, one RDN per attribute, UTF8String values.
@@ -340,24 +352,27 @@ fn subject_der(common_name: &str, organizations: &[&str]) -> Vec<u8> {
 /// `cert` with its TBS subject replaced by `subject`, re-signed by `key`.
 fn with_subject(cert: &[u8], subject: &[u8], key: &KeyPair) -> Result<Vec<u8>, PkiError> {
     let malformed = || invalid("certificate", "rcgen produced DER this code cannot edit");
-    let (_, outer, _, _) = split_tlv(cert).ok_or_else(malformed)?;
-    let (_, tbs, _, after_tbs) = split_tlv(outer).ok_or_else(malformed)?;
-    let (_, _, signature_algorithm, _) = split_tlv(after_tbs).ok_or_else(malformed)?;
+    let outer = split_tlv(cert).ok_or_else(malformed)?.content;
+    let tbs = split_tlv(outer).ok_or_else(malformed)?;
+    let signature_algorithm = split_tlv(tbs.rest).ok_or_else(malformed)?.whole;
+    let tbs = tbs.content;
     // version [0], serialNumber, signature, issuer, validity, subject, …
     let mut rest = tbs;
     let mut new_tbs = Vec::with_capacity(tbs.len() + subject.len());
+    let mut elements = 0;
     for index in 0.. {
-        let Some((_, _, element, next)) = split_tlv(rest) else {
+        let Some(element) = split_tlv(rest) else {
             break;
         };
         if index == 5 {
             new_tbs.extend_from_slice(subject);
         } else {
-            new_tbs.extend_from_slice(element);
+            new_tbs.extend_from_slice(element.whole);
         }
-        rest = next;
+        rest = element.rest;
+        elements += 1;
     }
-    if !rest.is_empty() {
+    if !rest.is_empty() || elements < 7 {
         return Err(malformed());
     }
     let new_tbs = tlv(SEQUENCE, &new_tbs);

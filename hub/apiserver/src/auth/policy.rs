@@ -45,7 +45,6 @@ pub const DEFAULT_ADMIN_GROUPS: [&str; 2] = ["system:masters", "trainhub:admins"
 
 const TRAINER_GROUP: &str = "trainer.kubeflow.org";
 const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
-const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
 /// The parsed policy file; see the module docs for the format.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -303,6 +302,8 @@ impl Authorizer for PolicyAuthorizer {
 mod tests {
     use super::*;
     use crate::auth::AUTHENTICATED_GROUP;
+
+    const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
 
     const POLICY: &str = r#"
 namespaces:
