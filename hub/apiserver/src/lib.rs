@@ -13,12 +13,16 @@
 //!   subresources, printer columns, schema);
 //! - [`admission`]: the seam for defaulting and validation;
 //! - [`auth`]: who is calling (tokens file, client certificates) and what
-//!   they may do (admin group, namespace grants).
+//!   they may do (admin group, namespace grants);
+//! - [`tls`], [`pki`] and [`kubeconfig`]: serving over TLS (HTTP/1.1 and h2,
+//!   optional client certificates), a small CA, and kubeconfigs for clients.
 
 pub mod admission;
 pub mod auth;
 pub mod field;
+pub mod kubeconfig;
 pub mod patch;
+pub mod pki;
 pub mod resource;
 pub mod schema;
 pub mod selector;

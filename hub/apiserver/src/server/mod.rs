@@ -154,11 +154,8 @@ impl Server {
     /// certificates) or any axum server.
     pub fn router(self: &Arc<Self>) -> Router {
         let ok = || async { "ok" };
-        Router::new()
-            .route("/healthz", get(ok))
-            .route("/livez", get(ok))
-            .route("/readyz", get(ok))
-            .route("/version", get(discovery::version))
+        // Everything but health and version needs an authenticated caller.
+        let authenticated = Router::new()
             .route("/api", get(discovery::core_versions))
             .route("/apis", get(discovery::groups))
             .route("/openapi/v3", get(discovery::openapi_index))
@@ -166,6 +163,16 @@ impl Server {
             .route("/api/{*rest}", axum::routing::any(handlers::core))
             .route("/apis/{*rest}", axum::routing::any(handlers::grouped))
             .fallback(handlers::not_found)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                request::authenticated,
+            ));
+        Router::new()
+            .route("/healthz", get(ok))
+            .route("/livez", get(ok))
+            .route("/readyz", get(ok))
+            .route("/version", get(discovery::version))
+            .merge(authenticated)
             .with_state(self.clone())
     }
 }

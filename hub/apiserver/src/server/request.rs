@@ -173,8 +173,24 @@ pub(crate) fn negotiate(headers: &HeaderMap) -> Result<Format, ApiError> {
     )))
 }
 
+/// Middleware: authenticates the caller (401 otherwise) and leaves the
+/// [`UserInfo`] in the request's extensions.
+pub(crate) async fn authenticated(
+    axum::extract::State(server): axum::extract::State<Shared>,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authenticate(&server, req.headers(), req.extensions()) {
+        Ok(user) => {
+            req.extensions_mut().insert(user);
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
 /// The caller, as the authenticator established.
-pub(crate) fn authenticate(
+fn authenticate(
     server: &Server,
     headers: &HeaderMap,
     extensions: &axum::http::Extensions,
@@ -191,8 +207,8 @@ pub(crate) fn authenticate(
         .and_then(|v| v.to_str().ok());
     let cert = extensions
         .get::<crate::tls::PeerCertificate>()
-        .and_then(|c| c.0.clone());
-    authenticator.authenticate(authorization, cert.as_deref().map(Vec::as_slice))
+        .and_then(|c| c.der());
+    authenticator.authenticate(authorization, cert)
 }
 
 pub(crate) fn authorize(
@@ -212,14 +228,7 @@ pub(crate) fn authorize(
         namespace,
         name,
     };
-    server.authorizer.authorize(user, &attributes).map_err(|reason| {
-        tracing::info!(user = %user.name, verb, resource = %def.plural, ?namespace, name, %reason, "forbidden");
-        let resource = match subresource {
-            Some(sub) => format!("{}/{sub}", def.plural),
-            None => def.plural.clone(),
-        };
-        ApiError::forbidden(&user.name, verb, &def.group, &resource, namespace, name)
-    })
+    crate::auth::authorize(server.authorizer.as_ref(), user, &attributes)
 }
 
 /// The RBAC verb of a request.

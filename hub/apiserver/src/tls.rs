@@ -1,0 +1,515 @@
+//! Serving an axum [`Router`] over TLS, HTTP/1.1 and HTTP/2 on one port.
+//!
+//! kubectl speaks h2, the Kubernetes Python client HTTP/1.1; both are offered
+//! by ALPN and served by hyper-util's auto connection builder. Client
+//! certificates are requested and, when one is presented, verified against
+//! the client CA; a client without one may still come in (with a bearer
+//! token). Each request carries the verified leaf certificate in its
+//! extensions as a [`PeerCertificate`], for [`crate::auth::Authenticator`].
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use rustls::RootCertStore;
+use rustls::ServerConfig;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// The client's leaf certificate (DER) when it presented one; the TLS layer
+/// has verified it against the client CA. Present in every request's
+/// extensions when served by [`serve`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerCertificate(pub Option<Arc<Vec<u8>>>);
+
+impl PeerCertificate {
+    pub fn der(&self) -> Option<&[u8]> {
+        self.0.as_deref().map(Vec::as_slice)
+    }
+}
+
+/// Why a TLS configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{what}: {message}")]
+    Pem { what: &'static str, message: String },
+    #[error("{what}: no PEM CERTIFICATE block found")]
+    NoCertificate { what: &'static str },
+    #[error("client CA: {0}")]
+    ClientVerifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// The ring provider, which is the only one this workspace builds.
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Parses every `CERTIFICATE` block of `pem`.
+pub fn parse_certificates(
+    what: &'static str,
+    pem: &str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            what,
+            message: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate { what });
+    }
+    Ok(certs)
+}
+
+/// Parses the first private key of `pem` (PKCS#8, SEC1 or PKCS#1).
+pub fn parse_private_key(
+    what: &'static str,
+    pem: &str,
+) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| TlsError::Pem {
+        what,
+        message: e.to_string(),
+    })
+}
+
+/// A server configuration with ALPN `h2` and `http/1.1`. With
+/// `client_ca_pem`, client certificates are requested and verified against
+/// it, but not required.
+pub fn server_config(
+    cert_chain_pem: &str,
+    key_pem: &str,
+    client_ca_pem: Option<&str>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = crypto_provider();
+    let chain = parse_certificates("server certificate", cert_chain_pem)?;
+    let key = parse_private_key("server key", key_pem)?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_ca_pem {
+        Some(ca_pem) => {
+            let mut roots = RootCertStore::empty();
+            for cert in parse_certificates("client CA", ca_pem)? {
+                roots.add(cert)?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Timeouts for [`serve_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    /// A client that has not finished the TLS handshake by then is dropped.
+    pub handshake_timeout: Duration,
+    /// After shutdown is signalled, how long in-flight requests (and open
+    /// watches) may run before the connections are dropped.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            handshake_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// [`serve_with`] with the default [`ServeOptions`].
+pub async fn serve(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_with(listener, config, app, shutdown, ServeOptions::default()).await
+}
+
+/// Accepts connections on `listener` until `shutdown` completes, serving
+/// `app` over TLS with HTTP/1.1 or HTTP/2 on each. Every request gets the
+/// [`PeerCertificate`] and axum's `ConnectInfo<SocketAddr>` in its
+/// extensions.
+///
+/// A failed or slow handshake, or a failed accept, is logged and never ends
+/// the loop. On shutdown the listener is closed, connections are asked to
+/// finish (HTTP/2 GOAWAY, HTTP/1.1 close after the current response), and
+/// this returns when they have, or after `shutdown_grace`.
+pub async fn serve_with(
+    listener: TcpListener,
+    config: Arc<ServerConfig>,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+    options: ServeOptions,
+) {
+    let acceptor = TlsAcceptor::from(config);
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Typically out of file descriptors: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp))
+                .await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::info!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%remote, timeout = ?options.handshake_timeout, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let peer = PeerCertificate(
+                tls.get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|leaf| Arc::new(leaf.as_ref().to_vec())),
+            );
+            let service =
+                hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+                    request.extensions_mut().insert(peer.clone());
+                    request
+                        .extensions_mut()
+                        .insert(ConnectInfo::<SocketAddr>(remote));
+                    app.clone().oneshot(request)
+                });
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(%remote, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(options.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!(grace = ?options.shutdown_grace, "connections still open after the shutdown grace; dropping them");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::{Ca, Issued};
+    use axum::extract::Extension;
+    use axum::routing::get;
+    use bytes_body::collect;
+    use rustls::ClientConfig;
+    use rustls_pki_types::ServerName;
+    use std::net::{IpAddr, Ipv4Addr};
+    use tokio::net::TcpStream;
+    use tokio::sync::oneshot;
+    use tokio_rustls::TlsConnector;
+
+    mod bytes_body {
+        use http_body_util::BodyExt;
+
+        pub async fn collect(body: hyper::body::Incoming) -> String {
+            let bytes = body.collect().await.unwrap().to_bytes();
+            String::from_utf8(bytes.to_vec()).unwrap()
+        }
+    }
+
+    struct Pki {
+        ca: Ca,
+        server: Issued,
+    }
+
+    fn pki() -> Pki {
+        let ca = Ca::generate("test CA").unwrap();
+        let server = ca
+            .issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+            .unwrap();
+        Pki { ca, server }
+    }
+
+    async fn whoami(Extension(peer): Extension<PeerCertificate>) -> String {
+        match peer.der() {
+            None => "anonymous".to_string(),
+            Some(der) => {
+                use x509_parser::prelude::{FromDer, X509Certificate};
+                let (_, cert) = X509Certificate::from_der(der).unwrap();
+                let cn = cert.subject().iter_common_name().next().unwrap();
+                format!("cn={}", cn.as_str().unwrap())
+            }
+        }
+    }
+
+    struct Server {
+        addr: SocketAddr,
+        stop: Option<oneshot::Sender<()>>,
+        done: tokio::task::JoinHandle<()>,
+    }
+
+    async fn start(config: Arc<ServerConfig>, app: Router) -> Server {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(serve_with(
+            listener,
+            config,
+            app,
+            async move {
+                let _ = stopped.await;
+            },
+            ServeOptions {
+                handshake_timeout: Duration::from_secs(2),
+                shutdown_grace: Duration::from_secs(2),
+            },
+        ));
+        Server {
+            addr,
+            stop: Some(stop),
+            done,
+        }
+    }
+
+    fn client_config(ca: &Ca, identity: Option<&Issued>, alpn: &[u8]) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(ca.cert_der().to_vec()))
+            .unwrap();
+        let builder = ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = match identity {
+            Some(id) => builder
+                .with_client_auth_cert(
+                    parse_certificates("client", &id.cert_pem).unwrap(),
+                    parse_private_key("client key", &id.key_pem).unwrap(),
+                )
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![alpn.to_vec()];
+        Arc::new(config)
+    }
+
+    async fn connect(
+        addr: SocketAddr,
+        config: Arc<ClientConfig>,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(addr).await?;
+        let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
+        TlsConnector::from(config).connect(name, tcp).await
+    }
+
+    async fn get_http1(addr: SocketAddr, config: Arc<ClientConfig>, path: &str) -> (u16, String) {
+        let tls = connect(addr, config).await.unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let request = hyper::Request::get(path)
+            .header("host", "localhost")
+            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let status = response.status().as_u16();
+        (status, collect(response.into_body()).await)
+    }
+
+    fn app() -> Router {
+        Router::new().route("/whoami", get(whoami))
+    }
+
+    #[tokio::test]
+    async fn http1_with_and_without_client_certificate() {
+        let p = pki();
+        let config =
+            server_config(&p.server.cert_pem, &p.server.key_pem, Some(p.ca.cert_pem())).unwrap();
+        let mut server = start(config, app()).await;
+
+        let anonymous = client_config(&p.ca, None, b"http/1.1");
+        assert_eq!(
+            get_http1(server.addr, anonymous, "/whoami").await,
+            (200, "anonymous".to_string())
+        );
+
+        let alice = p.ca.issue_client("alice", &["team-a"]).unwrap();
+        let with_cert = client_config(&p.ca, Some(&alice), b"http/1.1");
+        assert_eq!(
+            get_http1(server.addr, with_cert, "/whoami").await,
+            (200, "cn=alice".to_string())
+        );
+
+        server.stop.take().unwrap().send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), server.done)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn h2_request_sees_the_certificate() {
+        let p = pki();
+        let config =
+            server_config(&p.server.cert_pem, &p.server.key_pem, Some(p.ca.cert_pem())).unwrap();
+        let server = start(config, app()).await;
+        let bob = p.ca.issue_client("bob", &[]).unwrap();
+        let tls = connect(server.addr, client_config(&p.ca, Some(&bob), b"h2"))
+            .await
+            .unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let request = hyper::Request::get("https://localhost/whoami")
+            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.version(), hyper::Version::HTTP_2);
+        assert_eq!(collect(response.into_body()).await, "cn=bob");
+    }
+
+    #[tokio::test]
+    async fn certificate_from_another_ca_is_refused_and_the_loop_survives() {
+        let p = pki();
+        let config =
+            server_config(&p.server.cert_pem, &p.server.key_pem, Some(p.ca.cert_pem())).unwrap();
+        let server = start(config, app()).await;
+
+        let rogue_ca = Ca::generate("rogue").unwrap();
+        let mallory = rogue_ca.issue_client("admin", &["system:masters"]).unwrap();
+        let rogue = client_config(&p.ca, Some(&mallory), b"http/1.1");
+        // TLS 1.3: the client learns of the refusal on its first read.
+        let refused = async {
+            let tls = connect(server.addr, rogue).await?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .map_err(std::io::Error::other)?;
+            tokio::spawn(conn);
+            let request = hyper::Request::get("/whoami")
+                .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+                .map_err(std::io::Error::other)?;
+            sender
+                .send_request(request)
+                .await
+                .map_err(std::io::Error::other)
+        };
+        assert!(refused.await.is_err());
+
+        // Garbage instead of a ClientHello.
+        let mut raw = TcpStream::connect(server.addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut raw, b"GET / HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        drop(raw);
+
+        let anonymous = client_config(&p.ca, None, b"http/1.1");
+        assert_eq!(
+            get_http1(server.addr, anonymous, "/whoami").await,
+            (200, "anonymous".to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn without_client_ca_no_certificate_is_requested() {
+        let p = pki();
+        let config = server_config(&p.server.cert_pem, &p.server.key_pem, None).unwrap();
+        let server = start(config, app()).await;
+        let alice = p.ca.issue_client("alice", &[]).unwrap();
+        let with_cert = client_config(&p.ca, Some(&alice), b"http/1.1");
+        assert_eq!(
+            get_http1(server.addr, with_cert, "/whoami").await,
+            (200, "anonymous".to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_lets_in_flight_requests_finish() {
+        let p = pki();
+        let config = server_config(&p.server.cert_pem, &p.server.key_pem, None).unwrap();
+        let started = Arc::new(tokio::sync::Notify::new());
+        let release = Arc::new(tokio::sync::Notify::new());
+        let (s, r) = (started.clone(), release.clone());
+        let app = Router::new().route(
+            "/slow",
+            get(move || {
+                let (s, r) = (s.clone(), r.clone());
+                async move {
+                    s.notify_one();
+                    r.notified().await;
+                    "done"
+                }
+            }),
+        );
+        let mut server = start(config, app).await;
+        let client = client_config(&p.ca, None, b"http/1.1");
+        let addr = server.addr;
+        let in_flight = tokio::spawn(async move { get_http1(addr, client, "/slow").await });
+        tokio::time::timeout(Duration::from_secs(5), started.notified())
+            .await
+            .unwrap();
+        server.stop.take().unwrap().send(()).unwrap();
+        release.notify_one();
+        assert_eq!(in_flight.await.unwrap(), (200, "done".to_string()));
+        tokio::time::timeout(Duration::from_secs(5), server.done)
+            .await
+            .unwrap()
+            .unwrap();
+        // The listener is closed.
+        assert!(TcpStream::connect(addr).await.is_err());
+    }
+
+    #[test]
+    fn config_errors_name_the_input() {
+        let p = pki();
+        let e = server_config("nothing", &p.server.key_pem, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "server certificate: no PEM CERTIFICATE block found"
+        );
+        let e = server_config(&p.server.cert_pem, "nothing", None).unwrap_err();
+        assert!(e.to_string().starts_with("server key: "), "{e}");
+        let e = server_config(&p.server.cert_pem, &p.server.key_pem, Some("x")).unwrap_err();
+        assert_eq!(e.to_string(), "client CA: no PEM CERTIFICATE block found");
+        // A key that does not match the certificate.
+        let other = p.ca.issue_client("x", &[]).unwrap();
+        assert!(server_config(&p.server.cert_pem, &other.key_pem, None).is_err());
+    }
+}
