@@ -4,7 +4,9 @@
 //!
 //! Everything lives in the data directory and is reused on the next start:
 //! `pki/` (CA and the hub's serving certificate), `tokens.csv` (the admin
-//! token), `store.redb`, `plugin-cache/`. `kubeconfig` is written when the
+//! token on its first line; more users may follow), `policy.yaml` (optional:
+//! namespace grants, see `trainhub_apiserver::auth`), `store.redb`,
+//! `plugin-cache/`. `kubeconfig` is written when the
 //! hub is ready to serve, and removed at start, so its presence means ready.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -62,7 +64,7 @@ pub async fn run(args: DevArgs, shutdown: impl std::future::Future<Output = ()> 
         tls_key: pki.key_path("hub"),
         client_ca: Some(pki.cert_path("ca")),
         token_file: Some(dir.join("tokens.csv")),
-        policy_file: None,
+        policy_file: Some(dir.join("policy.yaml")).filter(|p| p.exists()),
         plugins_dir: args.plugins_dir.clone(),
     };
     let hub = Hub::open(config)?;
