@@ -1,0 +1,377 @@
+//! Admission of the trainer.kubeflow.org kinds: what kube-apiserver and
+//! Kubeflow Trainer's webhooks do to a TrainJob, TrainingRuntime or
+//! ClusterTrainingRuntime before it is stored, in the same order:
+//!
+//! 1. defaulting from the CRD schema (`runtimeRef.apiGroup` and `kind`,
+//!    `suspend`, `managedBy`, the runtimes' JobSet and policy defaults), then
+//!    the TrainJob defaulter (`runtimePatches[].time`);
+//! 2. the CRD schema: types, required fields, enums, bounds, list types and
+//!    the `x-kubernetes-validations` rules, transition rules such as
+//!    `self == oldSelf` ("field is immutable") included, with validation
+//!    ratcheting on updates;
+//! 3. only if the schema holds, the validating webhooks: for runtimes, the
+//!    TrainJob steps of the JobSet template; for TrainJobs, the referenced
+//!    runtime must exist, the PreExecution plugins validate the TrainJob
+//!    against it, and runtime patches change only around suspension.
+//!
+//! Failures are 422 Invalid with one cause per field, as kube-apiserver
+//! answers. A plugin that fails (rather than rejects) answers 500, as a
+//! webhook with `failurePolicy: Fail` does. Writes through the `status`
+//! subresource are checked against the status schema only.
+
+mod cel;
+mod runtime;
+mod schema;
+mod trainjob;
+
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
+
+use serde_json::Value;
+use trainhub_api::constants;
+use trainhub_api::trainer::TrainJob;
+use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
+use trainhub_apiserver::field::FieldError;
+use trainhub_apiserver::status::ApiError;
+use trainhub_apiserver::store::{Key, Store};
+use trainhub_plugin_sdk as sdk;
+
+use crate::plugins::{Pipeline, PipelineError, Registry, Snapshot};
+
+pub use schema::Schema;
+
+/// Where admission gets the plugins that validate TrainJobs.
+pub trait PluginSource: Send + Sync + 'static {
+    /// The plugins active now.
+    fn snapshot(&self) -> Arc<Snapshot>;
+}
+
+impl PluginSource for Registry {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        Registry::snapshot(self)
+    }
+}
+
+/// A fixed set of plugins (tests, benchmarks, offline tools).
+pub struct FixedPlugins(pub Arc<Snapshot>);
+
+impl PluginSource for FixedPlugins {
+    fn snapshot(&self) -> Arc<Snapshot> {
+        self.0.clone()
+    }
+}
+
+/// The compiled schemas of the three kinds, from the CRDs this hub serves.
+pub struct Schemas {
+    pub trainjob: Schema,
+    pub training_runtime: Schema,
+    pub cluster_training_runtime: Schema,
+}
+
+impl Schemas {
+    /// Compiled once per process: the CRDs do not change while it runs.
+    pub fn get() -> Arc<Schemas> {
+        static SCHEMAS: OnceLock<Arc<Schemas>> = OnceLock::new();
+        SCHEMAS
+            .get_or_init(|| {
+                use trainhub_api::crd;
+                let schemas = Schemas {
+                    trainjob: compile(serde_json::to_value(crd::trainjob_crd())),
+                    training_runtime: compile(serde_json::to_value(crd::training_runtime_crd())),
+                    cluster_training_runtime: compile(serde_json::to_value(
+                        crd::cluster_training_runtime_crd(),
+                    )),
+                };
+                for rule in schemas.unknown_rules() {
+                    tracing::error!(rule, "x-kubernetes-validations rule not understood; not enforced");
+                }
+                Arc::new(schemas)
+            })
+            .clone()
+    }
+
+    /// Rules of the CRDs that admission does not evaluate.
+    fn unknown_rules(&self) -> Vec<&str> {
+        [
+            &self.trainjob,
+            &self.training_runtime,
+            &self.cluster_training_runtime,
+        ]
+        .into_iter()
+        .flat_map(Schema::rules)
+        .filter(|r| !r.is_known())
+        .map(|r| r.text.as_str())
+        .collect()
+    }
+
+    fn of(&self, kind: &str) -> Option<&Schema> {
+        match kind {
+            "TrainJob" => Some(&self.trainjob),
+            constants::TRAINING_RUNTIME_KIND => Some(&self.training_runtime),
+            constants::CLUSTER_TRAINING_RUNTIME_KIND => Some(&self.cluster_training_runtime),
+            _ => None,
+        }
+    }
+}
+
+/// The schema of a CRD's first version.
+fn compile(crd: Result<Value, serde_json::Error>) -> Schema {
+    let schema = crd.ok().and_then(|crd| {
+        crd.pointer("/spec/versions/0/schema/openAPIV3Schema")
+            .map(Schema::compile)
+    });
+    schema.unwrap_or_else(|| {
+        tracing::error!("a trainer.kubeflow.org CRD has no schema; its objects are not validated");
+        Schema::default()
+    })
+}
+
+/// Admission for trainjobs, trainingruntimes and clustertrainingruntimes.
+/// Other resources pass unchanged.
+pub struct TrainerAdmission {
+    store: Arc<dyn Store>,
+    plugins: Arc<dyn PluginSource>,
+    schemas: Arc<Schemas>,
+    clock: Box<dyn Fn() -> SystemTime + Send + Sync>,
+}
+
+impl TrainerAdmission {
+    /// Admission that looks runtimes up in `store` and validates TrainJobs
+    /// with the plugins of `plugins` (an `Arc<Registry>` will do).
+    pub fn new(store: Arc<dyn Store>, plugins: Arc<dyn PluginSource>) -> Self {
+        TrainerAdmission {
+            store,
+            plugins,
+            schemas: Schemas::get(),
+            clock: Box::new(SystemTime::now),
+        }
+    }
+
+    /// Uses `clock` for the time stamped on runtime patches.
+    pub fn with_clock(mut self, clock: impl Fn() -> SystemTime + Send + Sync + 'static) -> Self {
+        self.clock = Box::new(clock);
+        self
+    }
+
+    fn admit_trainjob(
+        &self,
+        request: &Request<'_>,
+        schema: &Schema,
+        object: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<Outcome, ApiError> {
+        let invalid = |errors: &[FieldError]| {
+            ApiError::invalid(constants::TRAINER_GROUP, "TrainJob", request.name, errors)
+        };
+        trainjob::default_patch_times(object, old, &trainjob::rfc3339((self.clock)()));
+        // The status is the status subresource's: a write of the main
+        // resource does not set it, so it is not judged here.
+        let status = object.as_object_mut().and_then(|m| m.remove("status"));
+        let errors = schema.validate(object, old, "");
+        if let (Some(status), Some(map)) = (status, object.as_object_mut()) {
+            map.insert("status".into(), status);
+        }
+        if !errors.is_empty() {
+            return Err(invalid(&errors));
+        }
+        // An update that leaves the spec as it was (labels, finalizers,
+        // annotations) was validated against the runtime when it was written.
+        if let (Some(old), Some(spec)) = (old, schema.property("spec"))
+            && let (Some(a), Some(b)) = (old.get("spec"), object.get("spec"))
+            && spec.equal(a, b)
+        {
+            return Ok(Outcome::default());
+        }
+        let mut outcome = Outcome::default();
+        let mut errors = self.validate_against_runtime(request, object, &mut outcome.warnings)?;
+        if let Some(old) = old {
+            errors.extend(trainjob::check_runtime_patches(old, object));
+        }
+        if errors.is_empty() {
+            Ok(outcome)
+        } else {
+            Err(invalid(&errors))
+        }
+    }
+
+    /// The TrainJob webhook's checks that need the referenced runtime.
+    fn validate_against_runtime(
+        &self,
+        request: &Request<'_>,
+        object: &Value,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<FieldError>, ApiError> {
+        let job: TrainJob = serde_json::from_value(object.clone()).map_err(|e| {
+            ApiError::bad_request(format!("TrainJob {:?} cannot be decoded: {e}", request.name))
+        })?;
+        let runtime_ref = &job.spec.runtime_ref;
+        let namespace = request
+            .namespace
+            .or(job.metadata.namespace.as_deref())
+            .unwrap_or_default();
+        let key = match trainjob::runtime_key(runtime_ref, namespace) {
+            Ok(key) => key,
+            Err(e) => return Ok(vec![e]),
+        };
+        let Some(stored) = self.store.get(&key) else {
+            return Ok(vec![trainjob::missing_runtime(runtime_ref)]);
+        };
+        let runtime = self.read_runtime(&key, &stored.value)?;
+        if matches!(runtime, sdk::Runtime::ClusterTrainingRuntime(_)) && runtime::is_deprecated(&stored.value) {
+            warnings.push(runtime::deprecated_reference_warning(&runtime_ref.name));
+        }
+        let snapshot = self.plugins.snapshot();
+        let plugin_failure =
+            |e: PipelineError| ApiError::internal(format!("validating TrainJob {:?} with the runtime's plugins: {e}", request.name));
+        let pipeline = match Pipeline::select(&snapshot, &runtime) {
+            Ok(p) => p,
+            Err(PipelineError::NoPlugin(message)) => {
+                let value = serde_json::to_value(runtime_ref).unwrap_or(Value::Null);
+                return Ok(vec![FieldError::invalid("spec.runtimeRef", value, message)]);
+            }
+            Err(e) => return Err(plugin_failure(e)),
+        };
+        match pipeline.validate(&job) {
+            Ok(validation) => {
+                warnings.extend(validation.warnings);
+                Ok(validation.errors.into_iter().map(trainjob::from_plugin).collect())
+            }
+            Err(PipelineError::Invalid(errors)) => {
+                Ok(errors.into_iter().map(trainjob::from_plugin).collect())
+            }
+            Err(e) => Err(plugin_failure(e)),
+        }
+    }
+
+    /// A stored runtime with the schema's defaults applied, as an informer
+    /// would hand it to upstream's controller.
+    fn read_runtime(&self, key: &Key, stored: &Value) -> Result<sdk::Runtime, ApiError> {
+        let (kind, schema) = if key.resource == trainjob::TRAINING_RUNTIMES {
+            (constants::TRAINING_RUNTIME_KIND, &self.schemas.training_runtime)
+        } else {
+            (
+                constants::CLUSTER_TRAINING_RUNTIME_KIND,
+                &self.schemas.cluster_training_runtime,
+            )
+        };
+        let mut value = stored.clone();
+        if let Some(map) = value.as_object_mut() {
+            map.entry("apiVersion")
+                .or_insert_with(|| format!("{}/v1alpha1", constants::TRAINER_GROUP).into());
+            map.entry("kind").or_insert_with(|| kind.into());
+        }
+        schema.apply_defaults(&mut value);
+        serde_json::from_value(value)
+            .map_err(|e| ApiError::internal(format!("stored {key} is not a readable {kind}: {e}")))
+    }
+
+    fn admit_runtime(
+        &self,
+        request: &Request<'_>,
+        kind: &str,
+        schema: &Schema,
+        object: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<Outcome, ApiError> {
+        let invalid =
+            |errors: &[FieldError]| ApiError::invalid(constants::TRAINER_GROUP, kind, request.name, errors);
+        let errors = schema.validate(object, old, "");
+        if !errors.is_empty() {
+            return Err(invalid(&errors));
+        }
+        let errors = runtime::validate_replicated_jobs(object);
+        if !errors.is_empty() {
+            return Err(invalid(&errors));
+        }
+        let mut outcome = Outcome::default();
+        if kind == constants::CLUSTER_TRAINING_RUNTIME_KIND
+            && request.operation == Operation::Create
+            && runtime::is_deprecated(object)
+        {
+            outcome
+                .warnings
+                .push(runtime::deprecated_runtime_warning(request.name));
+        }
+        Ok(outcome)
+    }
+}
+
+impl Admission for TrainerAdmission {
+    fn admit(&self, request: &Request<'_>, object: &mut Value) -> Result<Outcome, ApiError> {
+        if request.resource.group != constants::TRAINER_GROUP
+            || request.operation == Operation::Delete
+        {
+            return Ok(Outcome::default());
+        }
+        let kind = request.resource.kind.as_str();
+        let Some(schema) = self.schemas.of(kind) else {
+            return Ok(Outcome::default());
+        };
+        let old = match request.operation {
+            Operation::Update => request.old.map(|o| {
+                let mut o = o.clone();
+                schema.apply_defaults(&mut o);
+                o
+            }),
+            _ => None,
+        };
+        match request.subresource {
+            None => {}
+            Some("status") => return admit_status(request, kind, schema, object, old.as_ref()),
+            Some(_) => return Ok(Outcome::default()),
+        }
+        schema.apply_defaults(object);
+        if kind == "TrainJob" {
+            self.admit_trainjob(request, schema, object, old.as_ref())
+        } else {
+            self.admit_runtime(request, kind, schema, object, old.as_ref())
+        }
+    }
+}
+
+/// A write through the status subresource: the status schema only.
+fn admit_status(
+    request: &Request<'_>,
+    kind: &str,
+    schema: &Schema,
+    object: &mut Value,
+    old: Option<&Value>,
+) -> Result<Outcome, ApiError> {
+    let (Some(status_schema), Some(status)) = (schema.property("status"), object.get_mut("status"))
+    else {
+        return Ok(Outcome::default());
+    };
+    status_schema.apply_defaults(status);
+    let errors = status_schema.validate(status, old.and_then(|o| o.get("status")), "status");
+    if errors.is_empty() {
+        Ok(Outcome::default())
+    } else {
+        Err(ApiError::invalid(
+            constants::TRAINER_GROUP,
+            kind,
+            request.name,
+            &errors,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `x-kubernetes-validations` rule of the served CRDs is one this
+    /// module evaluates: an unknown rule would silently not be enforced.
+    #[test]
+    fn every_crd_rule_is_understood() {
+        let schemas = Schemas::get();
+        for (kind, schema) in [
+            ("TrainJob", &schemas.trainjob),
+            ("TrainingRuntime", &schemas.training_runtime),
+            ("ClusterTrainingRuntime", &schemas.cluster_training_runtime),
+        ] {
+            let rules = schema.rules().len();
+            assert!(rules >= 10, "{kind}: only {rules} rules found");
+        }
+        assert_eq!(schemas.unknown_rules(), Vec::<&str>::new());
+    }
+}
