@@ -105,7 +105,7 @@ fn kubectl_applies_upstream_manifests_and_manages_trainjobs() {
     );
 
     // An invalid TrainJob: 422 naming the field.
-    let bad = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: bad\nspec:\n  runtimeRef:\n    name: torch-distributed\n  trainer:\n    numNodes: 0\n";
+    let bad = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: bad\nspec:\n  runtimeRef:\n    name: torch-distributed\n  trainer:\n    numNodes: -1\n";
     let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(bad));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "an invalid TrainJob was accepted");

@@ -646,21 +646,31 @@ pub(crate) async fn create_object(
     if ctx.dry_run() {
         return Ok((object, warnings));
     }
+    let value = commit_one(
+        ctx,
+        Op::Create {
+            key: ctx.key(&name),
+            value: object,
+        },
+    )
+    .await?;
+    Ok((value, warnings))
+}
+
+/// Commits one write; returns the stored object (for a delete, its last
+/// state).
+async fn commit_one(ctx: &Ctx, op: Op) -> Result<Value, ApiError> {
     let stored = ctx
         .server
         .store
-        .commit(vec![Op::Create {
-            key: ctx.key(&name),
-            value: object,
-        }])
+        .commit(vec![op])
         .await
         .map_err(|e| ctx.store_error(e))?;
-    let value = stored
+    Ok(stored
         .into_iter()
         .next()
         .map(|o| o.value.as_ref().clone())
-        .unwrap_or_default();
-    Ok((value, warnings))
+        .unwrap_or_default())
 }
 
 fn current(ctx: &Ctx) -> Result<Object, ApiError> {
@@ -908,17 +918,7 @@ async fn write_update(
             expected: Some(old.rv),
         }
     };
-    let stored = ctx
-        .server
-        .store
-        .commit(vec![op])
-        .await
-        .map_err(|e| ctx.store_error(e))?;
-    let value = stored
-        .into_iter()
-        .next()
-        .map(|o| o.value.as_ref().clone())
-        .unwrap_or_default();
+    let value = commit_one(ctx, op).await?;
     Ok((StatusCode::OK, value, warnings))
 }
 
@@ -1030,21 +1030,15 @@ async fn delete_object(
     let meta = metadata_mut(&mut marked);
     meta.insert("deletionTimestamp".into(), now_rfc3339().into());
     meta.insert("deletionGracePeriodSeconds".into(), 0.into());
-    let stored = ctx
-        .server
-        .store
-        .commit(vec![Op::Update {
+    let value = commit_one(
+        ctx,
+        Op::Update {
             key,
             value: marked,
             expected: Some(old.rv),
-        }])
-        .await
-        .map_err(|e| ctx.store_error(e))?;
-    let value = stored
-        .into_iter()
-        .next()
-        .map(|o| o.value.as_ref().clone())
-        .unwrap_or_default();
+        },
+    )
+    .await?;
     Ok((StatusCode::OK, value, outcome.warnings))
 }
 

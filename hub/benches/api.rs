@@ -1,0 +1,176 @@
+//! Throughput and latency of TrainJob creates through the REST API (TLS,
+//! bearer token, admission with the wasm plugins, durable store writes), and
+//! the memory the hub holds per 10,000 stored TrainJobs.
+//!
+//! `cargo bench -p trainhub --bench api -- [--jobs N] [--concurrency C]`
+//! (defaults: 10000 jobs, 32 concurrent clients). The hub runs in this
+//! process; memory is the growth of this process's resident set from before
+//! the first create to after the last, with the client's buffers released.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+use trainhub::hub::{Config, Hub};
+use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
+use trainhub_apiserver::pki::{Ca, PemDir};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Resident set size of this process, in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn main() {
+    let jobs = arg("--jobs", 10_000);
+    let concurrency = arg("--concurrency", 32);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(run(jobs, concurrency));
+}
+
+async fn run(jobs: usize, concurrency: usize) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = PemDir::new(dir.path().join("pki"));
+    let ca: Ca = pki.load_or_create_ca("bench-ca").expect("ca");
+    pki.write("hub", &ca.issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)]).expect("cert"))
+        .expect("write cert");
+    std::fs::write(dir.path().join("tokens.csv"), "bench-token-0123456789,bench,bench,\"system:masters\"\n").expect("tokens");
+    let hub = Hub::open(Config {
+        data_dir: dir.path().join("data"),
+        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
+        tls_cert: pki.cert_path("hub"),
+        tls_key: pki.key_path("hub"),
+        client_ca: None,
+        token_file: Some(dir.path().join("tokens.csv")),
+        policy_file: None,
+        plugins_dir: None,
+    })
+    .expect("hub");
+    hub.install(trainhub::hub::default_objects().expect("runtimes")).await.expect("install");
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(hub.serve(
+        move |addr| {
+            let _ = addr_tx.send(addr);
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let addr = addr_rx.await.expect("hub address");
+    let kubeconfig = dir.path().join("kubeconfig");
+    Kubeconfig::write(
+        &kubeconfig,
+        &KubeconfigParams {
+            cluster_name: "bench".into(),
+            server_url: format!("https://{addr}"),
+            ca_pem: ca.cert_pem().to_string(),
+            user_name: "bench".into(),
+            token: Some("bench-token-0123456789".into()),
+            client_cert_pem: None,
+            client_key_pem: None,
+            namespace: Some("default".into()),
+        },
+    )
+    .expect("kubeconfig");
+    let raw = kube::config::Kubeconfig::read_from(&kubeconfig).expect("read kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(raw, &Default::default()).await.expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"), "trainjobs");
+    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
+
+    // Warm up connections and the plugin instances.
+    for i in 0..concurrency.min(jobs) {
+        api.create(&PostParams::default(), &job(&format!("warmup-{i}"))).await.expect("warm-up create");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_before = rss();
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (api, next) = (api.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= jobs {
+                    return latencies;
+                }
+                let t = Instant::now();
+                api.create(&PostParams::default(), &job(&format!("bench-{i:06}"))).await.expect("create");
+                latencies.push(t.elapsed());
+            }
+        }));
+    }
+    let mut latencies = Vec::with_capacity(jobs);
+    for w in workers {
+        latencies.extend(w.await.expect("worker"));
+    }
+    let elapsed = started.elapsed();
+    drop(api);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after = rss();
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let db = std::fs::metadata(dir.path().join("data/store.redb")).map(|m| m.len()).unwrap_or(0);
+    let per_10k = (rss_after.saturating_sub(rss_before)) as f64 / jobs as f64 * 10_000.0;
+    println!("creates: {jobs} TrainJobs, {concurrency} concurrent clients, TLS + token, durable writes");
+    println!("throughput: {:.0} creates/s ({:.2} s)", jobs as f64 / elapsed.as_secs_f64(), elapsed.as_secs_f64());
+    println!(
+        "latency: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms(pct(0.50)),
+        ms(pct(0.90)),
+        ms(pct(0.99)),
+        ms(pct(1.0))
+    );
+    println!(
+        "memory: resident set grew {:.1} MiB for {jobs} TrainJobs = {:.1} MiB per 10,000; store file {:.1} MiB",
+        (rss_after.saturating_sub(rss_before)) as f64 / 1048576.0,
+        per_10k / 1048576.0,
+        db as f64 / 1048576.0
+    );
+    let _ = stop_tx.send(());
+    let _ = serving.await;
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A TrainJob as the Kubeflow SDK submits one.
+fn job(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "labels": {"team": "bench"}},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": {
+                "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
+                "command": ["torchrun", "train.py"],
+                "numNodes": 4,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "8", "cpu": "32", "memory": "256Gi"}},
+                "env": [{"name": "EPOCHS", "value": "10"}],
+            },
+        },
+    }))
+    .expect("TrainJob")
+}
