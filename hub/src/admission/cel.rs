@@ -170,7 +170,8 @@ fn name(value: &Value) -> Option<&str> {
 impl Check {
     fn parse(text: &str) -> Check {
         const IN_ORDER: &str = "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && self.replicatedJobs.exists(x, has(x.dependsOn)))";
-        const NO_NAMESPACE: &str = "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)";
+        const NO_NAMESPACE: &str =
+            "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)";
         match text {
             "self == oldSelf" => return Check::Immutable,
             IN_ORDER => return Check::InOrderWithoutDependsOn,
@@ -315,11 +316,23 @@ mod tests {
         assert_eq!(eval(uri, json!("hf://org/model")), Verdict::Pass);
         assert_eq!(eval(uri, json!("org/model")), Verdict::Fail);
         let label = "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')";
-        assert_eq!(eval(label, json!({"metadata": {"name": "a-1"}})), Verdict::Pass);
-        assert_eq!(eval(label, json!({"metadata": {"name": "1a"}})), Verdict::Fail);
-        assert_eq!(eval(label, json!({"metadata": {"name": "a.b"}})), Verdict::Fail);
+        assert_eq!(
+            eval(label, json!({"metadata": {"name": "a-1"}})),
+            Verdict::Pass
+        );
+        assert_eq!(
+            eval(label, json!({"metadata": {"name": "1a"}})),
+            Verdict::Fail
+        );
+        assert_eq!(
+            eval(label, json!({"metadata": {"name": "a.b"}})),
+            Verdict::Fail
+        );
         let size = "size(self.metadata.name) <= 3";
-        assert_eq!(eval(size, json!({"metadata": {"name": "abcd"}})), Verdict::Fail);
+        assert_eq!(
+            eval(size, json!({"metadata": {"name": "abcd"}})),
+            Verdict::Fail
+        );
         let one = "[has(self.torch), has(self.mpi)].filter(x, x).size() <= 1";
         assert_eq!(eval(one, json!({"torch": {}, "mpi": {}})), Verdict::Fail);
         assert_eq!(eval(one, json!({"torch": {}})), Verdict::Pass);

@@ -19,6 +19,11 @@
 //! webhook with `failurePolicy: Fail` does. Writes through the `status`
 //! subresource are checked against the status schema only.
 
+#![allow(
+    clippy::result_large_err,
+    reason = "ApiError and FieldError are the apiserver's types; a refusal ends the request"
+)]
+
 mod cel;
 mod runtime;
 mod schema;
@@ -83,7 +88,10 @@ impl Schemas {
                     )),
                 };
                 for rule in schemas.unknown_rules() {
-                    tracing::error!(rule, "x-kubernetes-validations rule not understood; not enforced");
+                    tracing::error!(
+                        rule,
+                        "x-kubernetes-validations rule not understood; not enforced"
+                    );
                 }
                 Arc::new(schemas)
             })
@@ -202,7 +210,10 @@ impl TrainerAdmission {
         warnings: &mut Vec<String>,
     ) -> Result<Vec<FieldError>, ApiError> {
         let job: TrainJob = serde_json::from_value(object.clone()).map_err(|e| {
-            ApiError::bad_request(format!("TrainJob {:?} cannot be decoded: {e}", request.name))
+            ApiError::bad_request(format!(
+                "TrainJob {:?} cannot be decoded: {e}",
+                request.name
+            ))
         })?;
         let runtime_ref = &job.spec.runtime_ref;
         let namespace = request
@@ -217,12 +228,18 @@ impl TrainerAdmission {
             return Ok(vec![trainjob::missing_runtime(runtime_ref)]);
         };
         let runtime = self.read_runtime(&key, &stored.value)?;
-        if matches!(runtime, sdk::Runtime::ClusterTrainingRuntime(_)) && runtime::is_deprecated(&stored.value) {
+        if matches!(runtime, sdk::Runtime::ClusterTrainingRuntime(_))
+            && runtime::is_deprecated(&stored.value)
+        {
             warnings.push(runtime::deprecated_reference_warning(&runtime_ref.name));
         }
         let snapshot = self.plugins.snapshot();
-        let plugin_failure =
-            |e: PipelineError| ApiError::internal(format!("validating TrainJob {:?} with the runtime's plugins: {e}", request.name));
+        let plugin_failure = |e: PipelineError| {
+            ApiError::internal(format!(
+                "validating TrainJob {:?} with the runtime's plugins: {e}",
+                request.name
+            ))
+        };
         let pipeline = match Pipeline::select(&snapshot, &runtime) {
             Ok(p) => p,
             Err(PipelineError::NoPlugin(message)) => {
@@ -234,7 +251,11 @@ impl TrainerAdmission {
         match pipeline.validate(&job) {
             Ok(validation) => {
                 warnings.extend(validation.warnings);
-                Ok(validation.errors.into_iter().map(trainjob::from_plugin).collect())
+                Ok(validation
+                    .errors
+                    .into_iter()
+                    .map(trainjob::from_plugin)
+                    .collect())
             }
             Err(PipelineError::Invalid(errors)) => {
                 Ok(errors.into_iter().map(trainjob::from_plugin).collect())
@@ -247,7 +268,10 @@ impl TrainerAdmission {
     /// would hand it to upstream's controller.
     fn read_runtime(&self, key: &Key, stored: &Value) -> Result<sdk::Runtime, ApiError> {
         let (kind, schema) = if key.resource == trainjob::TRAINING_RUNTIMES {
-            (constants::TRAINING_RUNTIME_KIND, &self.schemas.training_runtime)
+            (
+                constants::TRAINING_RUNTIME_KIND,
+                &self.schemas.training_runtime,
+            )
         } else {
             (
                 constants::CLUSTER_TRAINING_RUNTIME_KIND,
@@ -273,8 +297,9 @@ impl TrainerAdmission {
         object: &mut Value,
         old: Option<&Value>,
     ) -> Result<Outcome, ApiError> {
-        let invalid =
-            |errors: &[FieldError]| ApiError::invalid(constants::TRAINER_GROUP, kind, request.name, errors);
+        let invalid = |errors: &[FieldError]| {
+            ApiError::invalid(constants::TRAINER_GROUP, kind, request.name, errors)
+        };
         let errors = schema.validate(object, old, "");
         if !errors.is_empty() {
             return Err(invalid(&errors));

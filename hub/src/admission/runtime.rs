@@ -8,8 +8,7 @@ use trainhub_api::constants;
 use trainhub_apiserver::field::{self, FieldError};
 
 /// Where upstream documents when deprecated runtimes go away.
-pub const RUNTIME_DEPRECATION_POLICY_URL: &str =
-    "https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy";
+pub const RUNTIME_DEPRECATION_POLICY_URL: &str = "https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy";
 
 /// The container each TrainJob step must have, by ancestor label value.
 fn required_container(ancestor: &str) -> Option<&'static str> {
@@ -58,9 +57,10 @@ pub fn validate_replicated_jobs(runtime: &Value) -> Vec<FieldError> {
             .pointer("/template/spec/template/spec/containers")
             .cloned()
             .unwrap_or(Value::Null);
-        let has = containers
-            .as_array()
-            .is_some_and(|cs| cs.iter().any(|c| c.get("name").and_then(Value::as_str) == Some(container)));
+        let has = containers.as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.get("name").and_then(Value::as_str) == Some(container))
+        });
         if !has {
             errors.push(FieldError::invalid(
                 format!("{at}.template.spec.template.spec.containers"),
@@ -118,19 +118,37 @@ mod tests {
     #[test]
     fn steps_run_one_job_with_their_container() {
         let ok = runtime(json!([
-            step("dataset-initializer", "dataset-initializer", 1, "dataset-initializer"),
-            step("model-initializer", "model-initializer", 1, "model-initializer"),
+            step(
+                "dataset-initializer",
+                "dataset-initializer",
+                1,
+                "dataset-initializer"
+            ),
+            step(
+                "model-initializer",
+                "model-initializer",
+                1,
+                "model-initializer"
+            ),
             step("node", "trainer", 1, "node"),
         ]));
         assert!(validate_replicated_jobs(&ok).is_empty());
 
         let bad = runtime(json!([
-            step("dataset-initializer", "dataset-initializer", 2, "dataset-initializer"),
+            step(
+                "dataset-initializer",
+                "dataset-initializer",
+                2,
+                "dataset-initializer"
+            ),
             step("node", "trainer", 1, "trainer"),
             // Jobs without a TrainJob step label are the runtime's own.
             json!({"name": "sidecar", "replicas": 3}),
         ]));
-        let errors: Vec<String> = validate_replicated_jobs(&bad).iter().map(ToString::to_string).collect();
+        let errors: Vec<String> = validate_replicated_jobs(&bad)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(
             errors,
             [
@@ -142,8 +160,13 @@ mod tests {
 
     #[test]
     fn deprecation_is_read_from_the_support_label() {
-        assert!(is_deprecated(&json!({"metadata": {"labels": {"trainer.kubeflow.org/support": "deprecated"}}})));
+        assert!(is_deprecated(
+            &json!({"metadata": {"labels": {"trainer.kubeflow.org/support": "deprecated"}}})
+        ));
         assert!(!is_deprecated(&json!({"metadata": {"labels": {}}})));
-        assert!(deprecated_runtime_warning("x").starts_with("ClusterTrainingRuntime \"x\" is deprecated"));
+        assert!(
+            deprecated_runtime_warning("x")
+                .starts_with("ClusterTrainingRuntime \"x\" is deprecated")
+        );
     }
 }

@@ -349,7 +349,8 @@ impl Schema {
                 format!("{path} in body must validate at least one schema (anyOf)"),
             ));
         }
-        if !self.one_of.is_empty() && self.one_of.iter().filter(|b| b.passes(value, path)).count() != 1
+        if !self.one_of.is_empty()
+            && self.one_of.iter().filter(|b| b.passes(value, path)).count() != 1
         {
             errors.schema.push(FieldError::invalid(
                 path,
@@ -416,7 +417,7 @@ impl Schema {
     /// A composite (allOf/anyOf/oneOf/not) branch: value validations only,
     /// as structural schemas allow there.
     fn check_composite(&self, value: &Value, path: &str, out: &mut Vec<FieldError>) {
-        if !self.accepts(json_type(value)) && !(value.is_null() && self.nullable) {
+        if !(self.accepts(json_type(value)) || value.is_null() && self.nullable) {
             out.push(FieldError::new(
                 ErrorType::TypeInvalid,
                 path,
@@ -628,7 +629,10 @@ impl Schema {
                     let Some(key) = key_of(item) else {
                         continue;
                     };
-                    if items[..i].iter().any(|prev| key_of(prev).as_ref() == Some(&key)) {
+                    if items[..i]
+                        .iter()
+                        .any(|prev| key_of(prev).as_ref() == Some(&key))
+                    {
                         out.push(FieldError::duplicate(
                             field::index(path, i),
                             Value::Object(key),
@@ -686,7 +690,8 @@ fn plural(n: u64, word: &str) -> String {
 /// with optional fractional seconds and a numeric offset.
 fn is_date_time(s: &str) -> bool {
     let b = s.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
     if b.len() < 20
         || !digits(0..4)
         || b[4] != b'-'
@@ -834,7 +839,11 @@ mod tests {
             ]
         );
         // On create, transition rules are not evaluated.
-        assert!(s.validate(&changed, None, "").iter().all(|e| !e.detail.contains("immutable")));
+        assert!(
+            s.validate(&changed, None, "")
+                .iter()
+                .all(|e| !e.detail.contains("immutable"))
+        );
     }
 
     #[test]

@@ -109,11 +109,9 @@ pub fn runtime_key(runtime_ref: &RuntimeRef, namespace: &str) -> Result<Key, Fie
     let group = runtime_ref.api_group_or_default();
     let kind = runtime_ref.kind_or_default();
     match (group, kind) {
-        (constants::TRAINER_GROUP, constants::CLUSTER_TRAINING_RUNTIME_KIND) => Ok(Key::new(
-            CLUSTER_TRAINING_RUNTIMES,
-            None,
-            &runtime_ref.name,
-        )),
+        (constants::TRAINER_GROUP, constants::CLUSTER_TRAINING_RUNTIME_KIND) => {
+            Ok(Key::new(CLUSTER_TRAINING_RUNTIMES, None, &runtime_ref.name))
+        }
         (constants::TRAINER_GROUP, constants::TRAINING_RUNTIME_KIND) => Ok(Key::new(
             TRAINING_RUNTIMES,
             Some(namespace),
@@ -218,7 +216,10 @@ mod tests {
 
     #[test]
     fn create_stamps_patches_without_a_time() {
-        let mut j = job(json!([{"manager": "a"}, {"manager": "b", "time": THEN}]), false);
+        let mut j = job(
+            json!([{"manager": "a"}, {"manager": "b", "time": THEN}]),
+            false,
+        );
         default_patch_times(&mut j, None, NOW);
         assert_eq!(j["spec"]["runtimePatches"][0]["time"], NOW);
         assert_eq!(j["spec"]["runtimePatches"][1]["time"], THEN);
@@ -242,7 +243,9 @@ mod tests {
             true,
         );
         default_patch_times(&mut new, Some(&old), NOW);
-        let times: Vec<&Value> = (0..3).map(|i| &new["spec"]["runtimePatches"][i]["time"]).collect();
+        let times: Vec<&Value> = (0..3)
+            .map(|i| &new["spec"]["runtimePatches"][i]["time"])
+            .collect();
         assert_eq!(times, [&json!(THEN), &json!(NOW), &json!(NOW)]);
     }
 
@@ -253,7 +256,9 @@ mod tests {
         let errors = check_runtime_patches(&before, &after);
         assert_eq!(
             errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            ["spec.runtimePatches: Forbidden: RuntimePatches can only be modified when the TrainJob is suspended before or after the update"]
+            [
+                "spec.runtimePatches: Forbidden: RuntimePatches can only be modified when the TrainJob is suspended before or after the update"
+            ]
         );
         assert!(check_runtime_patches(&job(json!([{"manager": "a"}]), true), &after).is_empty());
         assert!(check_runtime_patches(&before, &job(json!([{"manager": "b"}]), true)).is_empty());
@@ -263,7 +268,11 @@ mod tests {
         running["status"] = json!({"jobsStatus": [{"name": "node", "active": 2}]});
         let errors = check_runtime_patches(&running, &job(json!([]), true));
         assert_eq!(errors.len(), 1);
-        assert!(errors[0].detail.contains("ReplicatedJob node is still active"));
+        assert!(
+            errors[0]
+                .detail
+                .contains("ReplicatedJob node is still active")
+        );
     }
 
     #[test]
@@ -295,10 +304,24 @@ mod tests {
 
     #[test]
     fn plugin_values_keep_their_type() {
-        let e = from_plugin(sdk::FieldError::invalid("spec.trainer.numNodes", Some("0".into()), "bad"));
-        assert_eq!(e.to_string(), "spec.trainer.numNodes: Invalid value: 0: bad");
-        let e = from_plugin(sdk::FieldError::invalid("spec.trainer.env[0].name", Some("PET_NNODES".into()), "bad"));
-        assert_eq!(e.to_string(), "spec.trainer.env[0].name: Invalid value: \"PET_NNODES\": bad");
+        let e = from_plugin(sdk::FieldError::invalid(
+            "spec.trainer.numNodes",
+            Some("0".into()),
+            "bad",
+        ));
+        assert_eq!(
+            e.to_string(),
+            "spec.trainer.numNodes: Invalid value: 0: bad"
+        );
+        let e = from_plugin(sdk::FieldError::invalid(
+            "spec.trainer.env[0].name",
+            Some("PET_NNODES".into()),
+            "bad",
+        ));
+        assert_eq!(
+            e.to_string(),
+            "spec.trainer.env[0].name: Invalid value: \"PET_NNODES\": bad"
+        );
     }
 
     #[test]

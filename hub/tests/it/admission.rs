@@ -1,6 +1,12 @@
 //! Admission of TrainJobs and runtimes: defaulting, the CRD rules, the
 //! webhooks and the PreExecution plugins, against a real store.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::result_large_err,
+    reason = "test helpers: a failure is the test's report"
+)]
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -82,9 +88,11 @@ impl Hub {
     ) -> Result<(Value, Outcome), ApiError> {
         let kind = object["kind"].as_str().unwrap();
         let def = def(kind);
-        let namespace = def
-            .namespaced
-            .then(|| object["metadata"]["namespace"].as_str().unwrap_or("default"));
+        let namespace = def.namespaced.then(|| {
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+        });
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let user = UserInfo {
             name: "alice".into(),
@@ -118,14 +126,16 @@ impl Hub {
 
     /// Admits and stores `object`.
     async fn apply(&self, object: &Value) -> Value {
-        let admitted = self.create(object).unwrap_or_else(|e| {
-            panic!("{}: {}", object["metadata"]["name"], e.message)
-        });
+        let admitted = self
+            .create(object)
+            .unwrap_or_else(|e| panic!("{}: {}", object["metadata"]["name"], e.message));
         let kind = admitted["kind"].as_str().unwrap();
         let def = def(kind);
-        let namespace = def
-            .namespaced
-            .then(|| admitted["metadata"]["namespace"].as_str().unwrap_or("default"));
+        let namespace = def.namespaced.then(|| {
+            admitted["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+        });
         let key = Key::new(
             &def.store_key(),
             namespace,
@@ -237,7 +247,9 @@ async fn every_upstream_file_is_admitted() {
     let mut ours = 0;
     for entry in std::fs::read_dir(repo_dir().join("manifests/runtimes")).unwrap() {
         for runtime in load(&entry.unwrap().path()) {
-            let admitted = hub.create(&runtime).unwrap_or_else(|e| panic!("{}", e.message));
+            let admitted = hub
+                .create(&runtime)
+                .unwrap_or_else(|e| panic!("{}", e.message));
             assert_superset(&admitted, &runtime, "manifests/runtimes");
             ours += 1;
         }
@@ -245,11 +257,29 @@ async fn every_upstream_file_is_admitted() {
     assert!(ours >= 5);
     assert!(jobs.len() >= 5, "{jobs:?}");
     for (file, job) in &jobs {
-        let (admitted, outcome) = hub
-            .admit_with(Operation::Create, None, job, None)
-            .unwrap_or_else(|e| panic!("{file}: {}", e.message));
+        let admitted = hub.admit_with(Operation::Create, None, job, None);
+        if file == "05-multi-step.yaml" {
+            // Known conflict: this example predates upstream's rule (kept by
+            // the jobset plugin) that a dataset initializer must mount the
+            // `initializer` volume, so upstream's own webhook refuses it too.
+            let e = admitted.expect_err("05-multi-step is admitted: drop this exception");
+            assert_eq!(
+                causes(&e),
+                [cause(
+                    "spec.runtimeRef",
+                    "FieldValueInvalid",
+                    "Invalid value: \"torch-with-dataset-init\": must have volumeMount with name - initializer in container dataset-initializer of the dataset-initializer job",
+                )]
+            );
+            continue;
+        }
+        let (admitted, outcome) = admitted.unwrap_or_else(|e| panic!("{file}: {}", e.message));
         assert_superset(&admitted, job, file);
-        assert!(outcome.warnings.is_empty(), "{file}: {:?}", outcome.warnings);
+        assert!(
+            outcome.warnings.is_empty(),
+            "{file}: {:?}",
+            outcome.warnings
+        );
     }
 }
 
@@ -269,7 +299,10 @@ async fn defaults_are_visible_in_the_admitted_object() {
     let spec = &admitted["spec"];
     assert_eq!(spec["runtimeRef"]["apiGroup"], "trainer.kubeflow.org");
     assert_eq!(spec["runtimeRef"]["kind"], "ClusterTrainingRuntime");
-    assert_eq!(spec["managedBy"], "trainer.kubeflow.org/trainjob-controller");
+    assert_eq!(
+        spec["managedBy"],
+        "trainer.kubeflow.org/trainjob-controller"
+    );
     assert_eq!(spec["suspend"], false);
     assert_eq!(spec["runtimePatches"][0]["time"], NOW);
 
@@ -287,13 +320,19 @@ async fn defaults_are_visible_in_the_admitted_object() {
     assert_eq!(admitted["spec"]["managedBy"], "kueue.x-k8s.io/multikueue");
     assert_eq!(admitted["spec"]["suspend"], true);
 
-    // Runtimes get their schema defaults (JobSet replicas, MPI policy).
-    let runtime = hub
-        .create(&load(&upstream_dir().join("deepspeed_distributed.yaml"))[0])
-        .unwrap();
-    let mpi = &runtime["spec"]["mlPolicy"]["mpi"];
-    assert_eq!(mpi["mpiImplementation"], "OpenMPI");
-    assert_eq!(mpi["sshAuthMountPath"], "/root/.ssh");
+    // Runtimes get their schema defaults (MPI policy, JobSet replicas).
+    let mut mpi_runtime = load(&upstream_dir().join("deepspeed_distributed.yaml")).remove(0);
+    mpi_runtime["spec"]["mlPolicy"]["mpi"] = json!({});
+    let runtime = hub.create(&mpi_runtime).unwrap();
+    assert_eq!(
+        runtime["spec"]["mlPolicy"]["mpi"],
+        json!({
+            "mpiImplementation": "OpenMPI",
+            "numProcPerNode": 1,
+            "runLauncherAsNode": false,
+            "sshAuthMountPath": "/root/.ssh",
+        })
+    );
     for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]
         .as_array()
         .unwrap()
@@ -310,7 +349,10 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
     let long_name = "a".repeat(64);
     let cases = [
         (
-            job("j", json!({"runtimeRef": torch(), "trainer": {"numNodes": -1}})),
+            job(
+                "j",
+                json!({"runtimeRef": torch(), "trainer": {"numNodes": -1}}),
+            ),
             vec![cause(
                 "spec.trainer.numNodes",
                 "FieldValueInvalid",
@@ -318,7 +360,10 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
             )],
         ),
         (
-            job("j", json!({"runtimeRef": torch(), "trainer": {"numProcPerNode": 0}})),
+            job(
+                "j",
+                json!({"runtimeRef": torch(), "trainer": {"numProcPerNode": 0}}),
+            ),
             vec![cause(
                 "spec.trainer.numProcPerNode",
                 "FieldValueInvalid",
@@ -326,7 +371,10 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
             )],
         ),
         (
-            job("j", json!({"runtimeRef": torch(), "trainer": {"numNodes": "two"}})),
+            job(
+                "j",
+                json!({"runtimeRef": torch(), "trainer": {"numNodes": "two"}}),
+            ),
             vec![cause(
                 "spec.trainer.numNodes",
                 "FieldValueTypeInvalid",
@@ -359,11 +407,19 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
         ),
         (
             job("j", json!({"runtimeRef": {}})),
-            vec![cause("spec.runtimeRef.name", "FieldValueRequired", "Required value")],
+            vec![cause(
+                "spec.runtimeRef.name",
+                "FieldValueRequired",
+                "Required value",
+            )],
         ),
         (
             job("j", json!({})),
-            vec![cause("spec.runtimeRef", "FieldValueRequired", "Required value")],
+            vec![cause(
+                "spec.runtimeRef",
+                "FieldValueRequired",
+                "Required value",
+            )],
         ),
         (
             job(
@@ -392,7 +448,7 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
             vec![cause(
                 "spec.runtimeRef",
                 "FieldValueInvalid",
-                "Invalid value: {\"name\":\"torch-distributed\",\"kind\":\"TrainingRuntime\",\"apiGroup\":\"trainer.kubeflow.org\"}: trainingruntimes.trainer.kubeflow.org \"torch-distributed\" not found: specified trainingRuntime must be created before the TrainJob is created",
+                "Invalid value: {\"name\":\"torch-distributed\",\"apiGroup\":\"trainer.kubeflow.org\",\"kind\":\"TrainingRuntime\"}: trainingruntimes.trainer.kubeflow.org \"torch-distributed\" not found: specified trainingRuntime must be created before the TrainJob is created",
             )],
         ),
         (
@@ -413,8 +469,9 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
         assert_eq!(causes(&e), expected, "{}", e.message);
         let name = object["metadata"]["name"].as_str().unwrap();
         assert!(
-            e.message
-                .starts_with(&format!("TrainJob.trainer.kubeflow.org \"{name}\" is invalid: ")),
+            e.message.starts_with(&format!(
+                "TrainJob.trainer.kubeflow.org \"{name}\" is invalid: "
+            )),
             "{}",
             e.message
         );
@@ -443,11 +500,19 @@ async fn trainjob_updates_keep_immutable_fields() {
         let found = causes(&e);
         assert_eq!(found.len(), 1, "{}", e.message);
         assert_eq!(found[0].0, field);
-        assert!(found[0].2.ends_with(": field is immutable"), "{}", found[0].2);
+        assert!(
+            found[0].2.ends_with(": field is immutable"),
+            "{}",
+            found[0].2
+        );
     };
     immutable("/spec/runtimeRef/name", json!("other"), "spec.runtimeRef");
     immutable("/spec/trainer/numNodes", json!(3), "spec.trainer");
-    immutable("/spec/activeDeadlineSeconds", json!(60), "spec.activeDeadlineSeconds");
+    immutable(
+        "/spec/activeDeadlineSeconds",
+        json!(60),
+        "spec.activeDeadlineSeconds",
+    );
     immutable(
         "/spec/managedBy",
         json!("kueue.x-k8s.io/multikueue"),
@@ -460,7 +525,10 @@ async fn trainjob_updates_keep_immutable_fields() {
     new["spec"].as_object_mut().unwrap().remove("managedBy");
     new["metadata"]["labels"] = json!({"team": "a"});
     let admitted = hub.update(&stored, &new).unwrap();
-    assert_eq!(admitted["spec"]["managedBy"], "trainer.kubeflow.org/trainjob-controller");
+    assert_eq!(
+        admitted["spec"]["managedBy"],
+        "trainer.kubeflow.org/trainjob-controller"
+    );
 }
 
 #[tokio::test]
@@ -525,7 +593,10 @@ async fn updates_leaving_the_spec_alone_need_no_runtime() {
     let hub = Hub::new();
     hub.apply(&torch_runtime()).await;
     let stored = hub
-        .apply(&job("orphan", json!({"runtimeRef": {"name": "torch-distributed"}})))
+        .apply(&job(
+            "orphan",
+            json!({"runtimeRef": {"name": "torch-distributed"}}),
+        ))
         .await;
     hub.delete(Key::new(
         "trainer.kubeflow.org/clustertrainingruntimes",
@@ -577,7 +648,11 @@ async fn invalid_runtimes_answer_422() {
         found[0].0,
         format!("spec.template.spec.replicatedJobs[{node}].template.spec.template.spec.containers")
     );
-    assert!(found[0].2.ends_with(": must contain the required container for the ancestor: trainer"));
+    assert!(
+        found[0]
+            .2
+            .ends_with(": must contain the required container for the ancestor: trainer")
+    );
 
     // The same rules hold for namespaced runtimes.
     let mut namespaced = replicas.clone();
@@ -620,7 +695,10 @@ async fn status_writes_check_the_status_only() {
     let hub = Hub::new();
     hub.apply(&torch_runtime()).await;
     let stored = hub
-        .apply(&job("st", json!({"runtimeRef": {"name": "torch-distributed"}})))
+        .apply(&job(
+            "st",
+            json!({"runtimeRef": {"name": "torch-distributed"}}),
+        ))
         .await;
     let mut new = stored.clone();
     // The spec of a status write is the stored one; it is not judged again.
@@ -670,7 +748,9 @@ async fn deprecated_runtimes_are_warned_about() {
         .unwrap();
     assert_eq!(
         outcome.warnings,
-        ["ClusterTrainingRuntime \"torch-distributed\" is deprecated and will be removed in a future release of Kubeflow Trainer. See runtime deprecation policy: https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy"]
+        [
+            "ClusterTrainingRuntime \"torch-distributed\" is deprecated and will be removed in a future release of Kubeflow Trainer. See runtime deprecation policy: https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy"
+        ]
     );
     hub.apply(&runtime).await;
     let (_, outcome) = hub
@@ -682,7 +762,10 @@ async fn deprecated_runtimes_are_warned_about() {
         )
         .unwrap();
     assert_eq!(outcome.warnings.len(), 1);
-    assert!(outcome.warnings[0].starts_with("Referenced ClusterTrainingRuntime \"torch-distributed\" is deprecated"));
+    assert!(
+        outcome.warnings[0]
+            .starts_with("Referenced ClusterTrainingRuntime \"torch-distributed\" is deprecated")
+    );
 }
 
 #[tokio::test]
@@ -709,7 +792,8 @@ async fn other_resources_and_deletes_pass() {
     };
     hub.admission.admit(&request, &mut pod).unwrap();
     let bad = job("Bad", json!({}));
-    hub.admit_with(Operation::Delete, None, &bad, Some(&bad)).unwrap();
+    hub.admit_with(Operation::Delete, None, &bad, Some(&bad))
+        .unwrap();
 }
 
 /// The constructor a server calls: the store and the hot-reloading plugin
