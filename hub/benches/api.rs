@@ -41,7 +41,10 @@ fn rss() -> u64 {
 fn main() {
     let jobs = arg("--jobs", 10_000);
     let concurrency = arg("--concurrency", 32);
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(run(jobs, concurrency));
 }
 
@@ -49,9 +52,17 @@ async fn run(jobs: usize, concurrency: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let pki = PemDir::new(dir.path().join("pki"));
     let ca: Ca = pki.load_or_create_ca("bench-ca").expect("ca");
-    pki.write("hub", &ca.issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)]).expect("cert"))
-        .expect("write cert");
-    std::fs::write(dir.path().join("tokens.csv"), "bench-token-0123456789,bench,bench,\"system:masters\"\n").expect("tokens");
+    pki.write(
+        "hub",
+        &ca.issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+            .expect("cert"),
+    )
+    .expect("write cert");
+    std::fs::write(
+        dir.path().join("tokens.csv"),
+        "bench-token-0123456789,bench,bench,\"system:masters\"\n",
+    )
+    .expect("tokens");
     let hub = Hub::open(Config {
         data_dir: dir.path().join("data"),
         listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
@@ -63,7 +74,9 @@ async fn run(jobs: usize, concurrency: usize) {
         plugins_dir: None,
     })
     .expect("hub");
-    hub.install(trainhub::hub::default_objects().expect("runtimes")).await.expect("install");
+    hub.install(trainhub::hub::default_objects().expect("runtimes"))
+        .await
+        .expect("install");
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(hub.serve(
@@ -91,14 +104,21 @@ async fn run(jobs: usize, concurrency: usize) {
     )
     .expect("kubeconfig");
     let raw = kube::config::Kubeconfig::read_from(&kubeconfig).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(raw, &Default::default()).await.expect("config");
+    let config = kube::Config::from_custom_kubeconfig(raw, &Default::default())
+        .await
+        .expect("config");
     let client = kube::Client::try_from(config).expect("client");
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"), "trainjobs");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+        "trainjobs",
+    );
     let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
 
     // Warm up connections and the plugin instances.
     for i in 0..concurrency.min(jobs) {
-        api.create(&PostParams::default(), &job(&format!("warmup-{i}"))).await.expect("warm-up create");
+        api.create(&PostParams::default(), &job(&format!("warmup-{i}")))
+            .await
+            .expect("warm-up create");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_before = rss();
@@ -115,7 +135,9 @@ async fn run(jobs: usize, concurrency: usize) {
                     return latencies;
                 }
                 let t = Instant::now();
-                api.create(&PostParams::default(), &job(&format!("bench-{i:06}"))).await.expect("create");
+                api.create(&PostParams::default(), &job(&format!("bench-{i:06}")))
+                    .await
+                    .expect("create");
                 latencies.push(t.elapsed());
             }
         }));
@@ -130,10 +152,18 @@ async fn run(jobs: usize, concurrency: usize) {
     let rss_after = rss();
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
-    let db = std::fs::metadata(dir.path().join("data/store.redb")).map(|m| m.len()).unwrap_or(0);
+    let db = std::fs::metadata(dir.path().join("data/store.redb"))
+        .map(|m| m.len())
+        .unwrap_or(0);
     let per_10k = (rss_after.saturating_sub(rss_before)) as f64 / jobs as f64 * 10_000.0;
-    println!("creates: {jobs} TrainJobs, {concurrency} concurrent clients, TLS + token, durable writes");
-    println!("throughput: {:.0} creates/s ({:.2} s)", jobs as f64 / elapsed.as_secs_f64(), elapsed.as_secs_f64());
+    println!(
+        "creates: {jobs} TrainJobs, {concurrency} concurrent clients, TLS + token, durable writes"
+    );
+    println!(
+        "throughput: {:.0} creates/s ({:.2} s)",
+        jobs as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
     println!(
         "latency: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         ms(pct(0.50)),

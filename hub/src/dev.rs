@@ -37,7 +37,10 @@ pub struct DevArgs {
 const ADMIN_USER: &str = "admin";
 const CONTEXT: &str = "trainhub-dev";
 
-pub async fn run(args: DevArgs, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
+pub async fn run(
+    args: DevArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
     let dir = &args.data_dir;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let kubeconfig = dir.join("kubeconfig");
@@ -50,12 +53,19 @@ pub async fn run(args: DevArgs, shutdown: impl std::future::Future<Output = ()> 
     let pki = PemDir::new(dir.join("pki"));
     let ca = pki.load_or_create_ca("trainhub-dev-ca")?;
     if !pki.contains("hub") {
-        let issued = ca.issue_server("trainhub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])?;
+        let issued = ca.issue_server(
+            "trainhub",
+            &["localhost"],
+            &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        )?;
         pki.write("hub", &issued)?;
     }
     let token = admin_token(dir)?;
     if args.spokes > 0 {
-        tracing::warn!(spokes = args.spokes, "local spokes are not available yet; the hub runs alone");
+        tracing::warn!(
+            spokes = args.spokes,
+            "local spokes are not available yet; the hub runs alone"
+        );
     }
     let config = Config {
         data_dir: dir.clone(),
@@ -88,7 +98,10 @@ pub async fn run(args: DevArgs, shutdown: impl std::future::Future<Output = ()> 
             )
             .map_err(anyhow::Error::from);
             if written.is_ok() {
-                println!("trainhub dev is ready: export KUBECONFIG={}", kubeconfig.display());
+                println!(
+                    "trainhub dev is ready: export KUBECONFIG={}",
+                    kubeconfig.display()
+                );
             }
         },
         shutdown,
@@ -101,7 +114,11 @@ pub async fn run(args: DevArgs, shutdown: impl std::future::Future<Output = ()> 
 fn admin_token(dir: &std::path::Path) -> Result<String> {
     let path = dir.join("tokens.csv");
     if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Some(token) = text.lines().find_map(|l| l.split(',').next()).filter(|t| !t.is_empty()) {
+        if let Some(token) = text
+            .lines()
+            .find_map(|l| l.split(',').next())
+            .filter(|t| !t.is_empty())
+        {
             return Ok(token.to_string());
         }
     }
@@ -109,6 +126,7 @@ fn admin_token(dir: &std::path::Path) -> Result<String> {
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("generating a token: {e}"))?;
     let token = hex::encode(bytes);
     let line = format!("{token},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n");
-    write_file_atomically(&path, line.as_bytes(), 0o600).with_context(|| format!("writing {}", path.display()))?;
+    write_file_atomically(&path, line.as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(token)
 }

@@ -53,8 +53,9 @@ pub struct Hub {
 impl Hub {
     /// Opens the store, loads the plugins and builds the API server.
     pub fn open(config: Config) -> Result<Hub> {
-        std::fs::create_dir_all(&config.data_dir)
-            .with_context(|| format!("creating the data directory {}", config.data_dir.display()))?;
+        std::fs::create_dir_all(&config.data_dir).with_context(|| {
+            format!("creating the data directory {}", config.data_dir.display())
+        })?;
         let store: Arc<dyn Store> = Arc::new(
             RedbStore::open(&config.data_dir.join("store.redb"), WATCH_HISTORY)
                 .with_context(|| format!("opening the store in {}", config.data_dir.display()))?,
@@ -64,35 +65,57 @@ impl Hub {
         let cache_dir = std::env::var_os("TRAINHUB_PLUGIN_CACHE_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| config.data_dir.join("plugin-cache"));
-        let host = Arc::new(Host::new(&HostConfig { cache_dir: Some(cache_dir) })?);
+        let host = Arc::new(Host::new(&HostConfig {
+            cache_dir: Some(cache_dir),
+        })?);
         let builtins = builtin::load(&host).context("loading the built-in plugins")?;
         let plugins = Arc::new(Registry::new(host, builtins, config.plugins_dir.clone()));
         if config.plugins_dir.is_some() {
-            plugins.watch(PLUGIN_RESCAN).context("watching the plugins directory")?;
+            plugins
+                .watch(PLUGIN_RESCAN)
+                .context("watching the plugins directory")?;
         }
         let tokens = match &config.token_file {
-            Some(path) => Some(TokenFile::load(path).with_context(|| format!("reading the token file {}", path.display()))?),
+            Some(path) => Some(
+                TokenFile::load(path)
+                    .with_context(|| format!("reading the token file {}", path.display()))?,
+            ),
             None => None,
         };
         let policy = match &config.policy_file {
-            Some(path) => Policy::load(path).with_context(|| format!("reading the policy file {}", path.display()))?,
+            Some(path) => Policy::load(path)
+                .with_context(|| format!("reading the policy file {}", path.display()))?,
             None => Policy::default(),
         };
         let mut builder = Server::builder(store.clone())
-            .admission(Arc::new(TrainerAdmission::new(store.clone(), plugins.clone())))
-            .authenticator(Arc::new(Authenticator::new(tokens, config.client_ca.is_some())))
+            .admission(Arc::new(TrainerAdmission::new(
+                store.clone(),
+                plugins.clone(),
+            )))
+            .authenticator(Arc::new(Authenticator::new(
+                tokens,
+                config.client_ca.is_some(),
+            )))
             .authorizer(Arc::new(PolicyAuthorizer::new(policy)));
         for def in api::resources()? {
             builder = builder.resource(def);
         }
-        Ok(Hub { store, plugins, server: builder.build(), config })
+        Ok(Hub {
+            store,
+            plugins,
+            server: builder.build(),
+            config,
+        })
     }
 
     /// Installs `objects` that are not there yet (runtimes shipped with the
     /// hub, the SDK's version ConfigMap), through admission like any create.
     pub async fn install(&self, objects: Vec<Value>) -> Result<()> {
         for object in objects {
-            let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             match self.server.create_object(object).await {
                 Ok(_) => tracing::info!(%name, "installed"),
                 Err(e) if e.code == 409 => {}
@@ -104,8 +127,14 @@ impl Hub {
 
     /// Serves the API and runs the controllers until `shutdown` resolves.
     /// `ready` is called once the listener accepts connections.
-    pub async fn serve(self, ready: impl FnOnce(SocketAddr), shutdown: impl Future<Output = ()> + Send + 'static) -> Result<()> {
-        let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+    pub async fn serve(
+        self,
+        ready: impl FnOnce(SocketAddr),
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
         let cert = read(&self.config.tls_cert)?;
         let key = read(&self.config.tls_key)?;
         let client_ca = self.config.client_ca.as_ref().map(read).transpose()?;
@@ -115,7 +144,10 @@ impl Hub {
             .with_context(|| format!("listening on {}", self.config.listen))?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let lifecycle = tokio::spawn(controller::run_lifecycle(self.store.clone(), wait(stop_rx.clone())));
+        let lifecycle = tokio::spawn(controller::run_lifecycle(
+            self.store.clone(),
+            wait(stop_rx.clone()),
+        ));
         ready(addr);
         tracing::info!(%addr, "serving the Kubernetes API");
         let router = self.server.router();

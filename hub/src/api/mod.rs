@@ -48,11 +48,18 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef> {
     let spec = &crd["spec"];
     let names = &spec["names"];
     let text = |v: &Value, what: &str| -> Result<String> {
-        v.as_str().map(str::to_string).ok_or_else(|| anyhow!("{what} is missing"))
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("{what} is missing"))
     };
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let version = spec["versions"]
@@ -88,7 +95,9 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef> {
         namespaced: spec["scope"].as_str() == Some("Namespaced"),
         status_subresource: version["subresources"]["status"].is_object(),
         printer_columns,
-        schema: version["schema"]["openAPIV3Schema"].as_object().map(|o| Value::Object(o.clone())),
+        schema: version["schema"]["openAPIV3Schema"]
+            .as_object()
+            .map(|o| Value::Object(o.clone())),
         selectable_fields: version["selectableFields"]
             .as_array()
             .map(|fs| {
@@ -131,7 +140,11 @@ fn core_resources() -> Vec<ResourceDef> {
     pods.selectable_fields = vec!["spec.nodeName".into(), "status.phase".into()];
     pods.printer_columns = vec![
         column("Status", "string", ".status.phase"),
-        column("Restarts", "integer", ".status.containerStatuses[0].restartCount"),
+        column(
+            "Restarts",
+            "integer",
+            ".status.containerStatuses[0].restartCount",
+        ),
         column("Node", "string", ".spec.nodeName"),
         column("Age", "date", ".metadata.creationTimestamp"),
     ];
@@ -178,9 +191,15 @@ mod tests {
         assert!(tj.namespaced && tj.status_subresource);
         assert_eq!(tj.printer_columns[0].name, "State");
         assert_eq!(tj.store_key(), TRAINJOBS);
-        let ctr = defs.iter().find(|d| d.plural == "clustertrainingruntimes").unwrap();
+        let ctr = defs
+            .iter()
+            .find(|d| d.plural == "clustertrainingruntimes")
+            .unwrap();
         assert!(!ctr.namespaced);
         assert_eq!(ctr.store_key(), CLUSTER_TRAINING_RUNTIMES);
-        assert!(defs.iter().any(|d| d.store_key() == PODS && d.read_only && d.log_subresource));
+        assert!(
+            defs.iter()
+                .any(|d| d.store_key() == PODS && d.read_only && d.log_subresource)
+        );
     }
 }

@@ -9,10 +9,19 @@ use trainhub::dev::DevArgs;
 use trainhub::hub::{Config, Hub};
 
 #[derive(Parser)]
-#[command(name = "trainhub", version, about = "Federation hub for Kubeflow Trainer TrainJobs")]
+#[command(
+    name = "trainhub",
+    version,
+    about = "Federation hub for Kubeflow Trainer TrainJobs"
+)]
 struct Cli {
     /// Log format: text or json.
-    #[arg(long, global = true, default_value = "text", env = "TRAINHUB_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "text",
+        env = "TRAINHUB_LOG_FORMAT"
+    )]
     log_format: String,
     #[command(subcommand)]
     command: Command,
@@ -54,7 +63,10 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     trainhub::logging::init(&cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the runtime: {e}");
@@ -93,13 +105,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -13,8 +13,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 use trainhub_api::constants::{
     CONDITION_COMPLETE, CONDITION_FAILED, CONDITION_SUSPENDED, MESSAGE_DEADLINE_EXCEEDED,
-    MESSAGE_RESUMED, MESSAGE_SUSPENDED, REASON_DEADLINE_EXCEEDED, REASON_RESUMED,
-    REASON_SUSPENDED,
+    MESSAGE_RESUMED, MESSAGE_SUSPENDED, REASON_DEADLINE_EXCEEDED, REASON_RESUMED, REASON_SUSPENDED,
 };
 
 /// What reconciling one TrainJob decided.
@@ -27,7 +26,10 @@ pub struct Decision {
 }
 
 fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
-    status["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
 }
 
 fn is_true(status: &Value, type_: &str) -> bool {
@@ -35,7 +37,14 @@ fn is_true(status: &Value, type_: &str) -> bool {
 }
 
 /// Sets a condition; the transition time moves only when its status does.
-fn set_condition(status: &mut Value, type_: &str, state: &str, reason: &str, message: &str, now: &str) {
+fn set_condition(
+    status: &mut Value,
+    type_: &str,
+    state: &str,
+    reason: &str,
+    message: &str,
+    now: &str,
+) {
     if !status.is_object() {
         *status = json!({});
     }
@@ -49,7 +58,9 @@ fn set_condition(status: &mut Value, type_: &str, state: &str, reason: &str, mes
         "message": message,
         "lastTransitionTime": now,
     });
-    let Some(conditions) = status["conditions"].as_array_mut() else { return };
+    let Some(conditions) = status["conditions"].as_array_mut() else {
+        return;
+    };
     match conditions.iter_mut().find(|c| c["type"] == type_) {
         Some(c) if c["status"] == state => {
             c["reason"] = reason.into();
@@ -71,7 +82,9 @@ pub fn format_time(t: Timestamp) -> String {
 /// When the job started running, for its active deadline.
 fn started_at(job: &Value, status: &Value) -> Option<Timestamp> {
     match condition(status, CONDITION_SUSPENDED) {
-        Some(c) if c["status"] == "False" && c["reason"] == REASON_RESUMED => parse_time(&c["lastTransitionTime"]),
+        Some(c) if c["status"] == "False" && c["reason"] == REASON_RESUMED => {
+            parse_time(&c["lastTransitionTime"])
+        }
         _ => parse_time(&job["metadata"]["creationTimestamp"]),
     }
 }
@@ -86,21 +99,50 @@ pub fn reconcile(job: &Value, now: Timestamp) -> Decision {
     let suspend = job["spec"]["suspend"].as_bool() == Some(true);
     let mut requeue_at = None;
     if suspend {
-        set_condition(&mut status, CONDITION_SUSPENDED, "True", REASON_SUSPENDED, MESSAGE_SUSPENDED, &now_text);
+        set_condition(
+            &mut status,
+            CONDITION_SUSPENDED,
+            "True",
+            REASON_SUSPENDED,
+            MESSAGE_SUSPENDED,
+            &now_text,
+        );
     } else {
         if is_true(&status, CONDITION_SUSPENDED) {
-            set_condition(&mut status, CONDITION_SUSPENDED, "False", REASON_RESUMED, MESSAGE_RESUMED, &now_text);
+            set_condition(
+                &mut status,
+                CONDITION_SUSPENDED,
+                "False",
+                REASON_RESUMED,
+                MESSAGE_RESUMED,
+                &now_text,
+            );
         }
-        if let (Some(seconds), Some(start)) = (job["spec"]["activeDeadlineSeconds"].as_i64(), started_at(job, &status)) {
-            let deadline = start.checked_add(jiff::SignedDuration::from_secs(seconds)).unwrap_or(Timestamp::MAX);
+        if let (Some(seconds), Some(start)) = (
+            job["spec"]["activeDeadlineSeconds"].as_i64(),
+            started_at(job, &status),
+        ) {
+            let deadline = start
+                .checked_add(jiff::SignedDuration::from_secs(seconds))
+                .unwrap_or(Timestamp::MAX);
             if now >= deadline {
-                set_condition(&mut status, CONDITION_FAILED, "True", REASON_DEADLINE_EXCEEDED, MESSAGE_DEADLINE_EXCEEDED, &now_text);
+                set_condition(
+                    &mut status,
+                    CONDITION_FAILED,
+                    "True",
+                    REASON_DEADLINE_EXCEEDED,
+                    MESSAGE_DEADLINE_EXCEEDED,
+                    &now_text,
+                );
             } else {
                 requeue_at = Some(deadline);
             }
         }
     }
-    Decision { status: (status != old).then_some(status), requeue_at }
+    Decision {
+        status: (status != old).then_some(status),
+        requeue_at,
+    }
 }
 
 #[cfg(test)]
@@ -121,7 +163,14 @@ mod tests {
         let d = reconcile(&j, t("2026-01-01T00:00:05Z"));
         let status = d.status.unwrap();
         let c = &status["conditions"][0];
-        assert_eq!((c["type"].as_str(), c["status"].as_str(), c["reason"].as_str()), (Some("Suspended"), Some("True"), Some("Suspended")));
+        assert_eq!(
+            (
+                c["type"].as_str(),
+                c["status"].as_str(),
+                c["reason"].as_str()
+            ),
+            (Some("Suspended"), Some("True"), Some("Suspended"))
+        );
         assert_eq!(c["message"], "TrainJob is suspended");
         j["status"] = status;
         // Nothing changes while it stays suspended.
@@ -129,10 +178,16 @@ mod tests {
         j["spec"]["suspend"] = false.into();
         let status = reconcile(&j, t("2026-01-01T00:02:00Z")).status.unwrap();
         let c = &status["conditions"][0];
-        assert_eq!((c["status"].as_str(), c["reason"].as_str()), (Some("False"), Some("Resumed")));
+        assert_eq!(
+            (c["status"].as_str(), c["reason"].as_str()),
+            (Some("False"), Some("Resumed"))
+        );
         assert_eq!(c["lastTransitionTime"], "2026-01-01T00:02:00Z");
         // A job never suspended has no Suspended condition.
-        assert_eq!(reconcile(&job(json!({})), t("2026-01-01T00:00:05Z")), Decision::default());
+        assert_eq!(
+            reconcile(&job(json!({})), t("2026-01-01T00:00:05Z")),
+            Decision::default()
+        );
     }
 
     #[test]
@@ -149,17 +204,26 @@ mod tests {
         // Resumed at 00:05: the deadline is 00:06.
         let mut j = job(json!({"activeDeadlineSeconds": 60}));
         j["status"] = json!({"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed", "message": "TrainJob is resumed", "lastTransitionTime": "2026-01-01T00:05:00Z"}]});
-        assert_eq!(reconcile(&j, t("2026-01-01T00:05:30Z")).requeue_at, Some(t("2026-01-01T00:06:00Z")));
+        assert_eq!(
+            reconcile(&j, t("2026-01-01T00:05:30Z")).requeue_at,
+            Some(t("2026-01-01T00:06:00Z"))
+        );
         // Suspended jobs do not run out.
         let mut j = job(json!({"activeDeadlineSeconds": 1, "suspend": true}));
         j["status"] = json!({"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended", "message": "TrainJob is suspended", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
-        assert_eq!(reconcile(&j, t("2026-02-01T00:00:00Z")), Decision::default());
+        assert_eq!(
+            reconcile(&j, t("2026-02-01T00:00:00Z")),
+            Decision::default()
+        );
     }
 
     #[test]
     fn finished_jobs_are_left_alone() {
         let mut j = job(json!({"activeDeadlineSeconds": 1, "suspend": true}));
         j["status"] = json!({"conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
-        assert_eq!(reconcile(&j, t("2026-02-01T00:00:00Z")), Decision::default());
+        assert_eq!(
+            reconcile(&j, t("2026-02-01T00:00:00Z")),
+            Decision::default()
+        );
     }
 }

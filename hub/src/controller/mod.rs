@@ -78,7 +78,11 @@ async fn lifecycle_pass(store: &dyn Store) {
     }
 }
 
-async fn reconcile_key(store: &dyn Store, key: &Key, timers: &mut BTreeMap<Timestamp, HashSet<Key>>) {
+async fn reconcile_key(
+    store: &dyn Store,
+    key: &Key,
+    timers: &mut BTreeMap<Timestamp, HashSet<Key>>,
+) {
     // Two tries: a conflict means someone wrote meanwhile; reread and redo.
     for _ in 0..2 {
         let Some(object) = store.get(key) else { return };
@@ -86,10 +90,19 @@ async fn reconcile_key(store: &dyn Store, key: &Key, timers: &mut BTreeMap<Times
         if let Some(at) = decision.requeue_at {
             timers.entry(at).or_default().insert(key.clone());
         }
-        let Some(status) = decision.status else { return };
+        let Some(status) = decision.status else {
+            return;
+        };
         let mut value = object.value.as_ref().clone();
         value["status"] = status;
-        match store.commit(vec![Op::Update { key: key.clone(), value, expected: Some(object.rv) }]).await {
+        match store
+            .commit(vec![Op::Update {
+                key: key.clone(),
+                value,
+                expected: Some(object.rv),
+            }])
+            .await
+        {
             Ok(_) => return,
             Err(StoreError::Conflict { .. }) => continue,
             Err(StoreError::NotFound(_)) => return,

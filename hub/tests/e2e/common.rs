@@ -35,7 +35,11 @@ impl DevHub {
     pub fn start_with(prepare: impl FnOnce(&Path)) -> DevHub {
         let dir = tempfile::tempdir().expect("temp dir");
         prepare(dir.path());
-        let mut hub = DevHub { dir, port: 0, child: None };
+        let mut hub = DevHub {
+            dir,
+            port: 0,
+            child: None,
+        };
         hub.launch();
         hub
     }
@@ -45,6 +49,8 @@ impl DevHub {
     }
 
     fn launch(&mut self) {
+        // The hub writes it when ready; a stale one must not count.
+        let _ = std::fs::remove_file(self.kubeconfig());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -69,10 +75,17 @@ impl DevHub {
         while !self.kubeconfig().exists() {
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
-                    panic!("trainhub dev exited with {status} before it was ready:\n{}", self.log());
+                    panic!(
+                        "trainhub dev exited with {status} before it was ready:\n{}",
+                        self.log()
+                    );
                 }
             }
-            assert!(Instant::now() < deadline, "trainhub dev not ready in time:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "trainhub dev not ready in time:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         let text = std::fs::read_to_string(self.kubeconfig()).expect("kubeconfig");
@@ -83,7 +96,11 @@ impl DevHub {
             .trim()
             .trim_matches('"')
             .to_string();
-        self.port = server.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port in server URL");
+        self.port = server
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port in server URL");
     }
 
     pub fn log(&self) -> String {
@@ -92,7 +109,9 @@ impl DevHub {
 
     fn signal(&mut self, signal: &str) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
             let _ = child.wait();
         }
     }
@@ -123,12 +142,21 @@ impl DevHub {
     pub fn kubectl_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut cmd = Command::new("kubectl");
         cmd.arg("--kubeconfig").arg(self.kubeconfig()).args(args);
-        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("kubectl is installed");
         if let Some(input) = stdin {
             use std::io::Write;
-            child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("writing stdin");
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(input.as_bytes())
+                .expect("writing stdin");
         }
         child.wait_with_output().expect("kubectl output")
     }
@@ -148,7 +176,8 @@ impl DevHub {
 
     /// A kube-rs client from the hub's kubeconfig.
     pub async fn client(&self) -> kube::Client {
-        let kubeconfig = kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("reading kubeconfig");
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("reading kubeconfig");
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .expect("client config");

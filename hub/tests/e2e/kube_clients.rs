@@ -15,7 +15,10 @@ use serde_json::json;
 use crate::common::DevHub;
 
 fn trainjobs() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"), "trainjobs")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+        "trainjobs",
+    )
 }
 
 fn cluster_runtimes() -> ApiResource {
@@ -45,6 +48,20 @@ fn api_code(e: &kube::Error) -> Option<u16> {
     }
 }
 
+/// Waits until the watcher reports `name`.
+async fn wait_for(seen: &mut tokio::sync::mpsc::UnboundedReceiver<String>, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut others = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, seen.recv()).await {
+            Ok(Some(n)) if n == name => return,
+            Ok(Some(n)) => others.push(n),
+            _ => panic!("the watcher did not see {name} (saw {others:?})"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_rs_watcher_follows_trainjobs_across_a_hub_restart() {
     let mut hub = DevHub::start();
@@ -53,37 +70,29 @@ async fn kube_rs_watcher_follows_trainjobs_across_a_hub_restart() {
     let (seen_tx, mut seen_rx) = tokio::sync::mpsc::unbounded_channel();
     let watch_api = api.clone();
     let watching = tokio::spawn(async move {
-        let mut stream = watcher(watch_api, watcher::Config::default()).default_backoff().applied_objects().boxed();
+        let mut stream = watcher(watch_api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
         while let Some(item) = stream.next().await {
             if let Ok(object) = item {
                 let _ = seen_tx.send(object.metadata.name.unwrap_or_default());
             }
         }
     });
-    let wait_for = |name: &'static str| {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        async move {
-            let mut rx_names = Vec::new();
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(left, seen_rx.recv()).await {
-                    Ok(Some(n)) if n == name => return (seen_rx, rx_names),
-                    Ok(Some(n)) => rx_names.push(n),
-                    _ => panic!("the watcher did not see {name} (saw {rx_names:?})"),
-                }
-            }
-        }
-    };
-    api.create(&PostParams::default(), &trainjob("before-restart")).await.expect("create before the restart");
-    let (rx, _) = wait_for("before-restart").await;
-    seen_rx = rx;
+    api.create(&PostParams::default(), &trainjob("before-restart"))
+        .await
+        .expect("create before the restart");
+    wait_for(&mut seen_rx, "before-restart").await;
 
     hub.restart();
 
     let client = hub.client().await;
     let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &trainjobs());
-    api.create(&PostParams::default(), &trainjob("after-restart")).await.expect("create after the restart");
-    let _ = wait_for("after-restart").await;
+    api.create(&PostParams::default(), &trainjob("after-restart"))
+        .await
+        .expect("create after the restart");
+    wait_for(&mut seen_rx, "after-restart").await;
     watching.abort();
 }
 
@@ -98,7 +107,8 @@ async fn creates_acknowledged_before_a_sigkill_survive_it() {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::new();
     for _ in 0..CONCURRENCY {
-        let (api, next, done_tx, killed) = (api.clone(), next.clone(), done_tx.clone(), killed.clone());
+        let (api, next, done_tx, killed) =
+            (api.clone(), next.clone(), done_tx.clone(), killed.clone());
         workers.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
@@ -112,7 +122,12 @@ async fn creates_acknowledged_before_a_sigkill_survive_it() {
                     let after_kill = killed.load(Ordering::SeqCst);
                     match api.create(&PostParams::default(), &trainjob(&name)).await {
                         Ok(created) => {
-                            let rv: u64 = created.metadata.resource_version.unwrap_or_default().parse().unwrap_or(0);
+                            let rv: u64 = created
+                                .metadata
+                                .resource_version
+                                .unwrap_or_default()
+                                .parse()
+                                .unwrap_or(0);
                             let uid = created.metadata.uid.unwrap_or_default();
                             let _ = done_tx.send((name.clone(), Some((rv, uid, after_kill))));
                             break;
@@ -129,7 +144,10 @@ async fn creates_acknowledged_before_a_sigkill_survive_it() {
     }
     drop(done_tx);
     // Kill at a random moment while creates are in flight.
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
     let kill_after = Duration::from_millis(200 + u64::from(nanos % 1500));
     tokio::time::sleep(kill_after).await;
     hub.kill();
@@ -150,17 +168,32 @@ async fn creates_acknowledged_before_a_sigkill_survive_it() {
             None => found_on_retry += 1,
         }
     }
-    assert!(acked_before_kill > 0, "the kill came before any create was sent");
+    assert!(
+        acked_before_kill > 0,
+        "the kill came before any create was sent"
+    );
     assert_eq!(created.len() + found_on_retry, JOBS);
 
     let api: Api<DynamicObject> = Api::namespaced_with(hub.client().await, "default", &trainjobs());
-    let list = api.list(&ListParams::default()).await.expect("list after restart");
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .expect("list after restart");
     let stored: BTreeMap<String, (u64, String)> = list
         .items
         .iter()
         .map(|o| {
-            let rv = o.metadata.resource_version.clone().unwrap_or_default().parse().unwrap_or(0);
-            (o.metadata.name.clone().unwrap_or_default(), (rv, o.metadata.uid.clone().unwrap_or_default()))
+            let rv = o
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default()
+                .parse()
+                .unwrap_or(0);
+            (
+                o.metadata.name.clone().unwrap_or_default(),
+                (rv, o.metadata.uid.clone().unwrap_or_default()),
+            )
         })
         .collect();
     // Every acknowledged create is there, unchanged; nothing is duplicated.
@@ -168,17 +201,35 @@ async fn creates_acknowledged_before_a_sigkill_survive_it() {
     let uids: HashSet<&String> = stored.values().map(|(_, uid)| uid).collect();
     assert_eq!(uids.len(), JOBS, "uids are unique");
     for (name, (rv, uid, _)) in &created {
-        let (stored_rv, stored_uid) = stored.get(name).unwrap_or_else(|| panic!("{name} was acknowledged but lost"));
+        let (stored_rv, stored_uid) = stored
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} was acknowledged but lost"));
         assert_eq!((stored_rv, stored_uid), (rv, uid), "{name} changed");
     }
     // resourceVersions never go backwards: everything acknowledged after the
     // restart is newer than everything acknowledged before the kill.
-    let before = created.values().filter(|(_, _, after)| !after).map(|(rv, _, _)| *rv).max();
-    let after = created.values().filter(|(_, _, after)| *after).map(|(rv, _, _)| *rv).min();
+    let before = created
+        .values()
+        .filter(|(_, _, after)| !after)
+        .map(|(rv, _, _)| *rv)
+        .max();
+    let after = created
+        .values()
+        .filter(|(_, _, after)| *after)
+        .map(|(rv, _, _)| *rv)
+        .min();
     if let (Some(before), Some(after)) = (before, after) {
-        assert!(after > before, "resourceVersion went back from {before} to {after}");
+        assert!(
+            after > before,
+            "resourceVersion went back from {before} to {after}"
+        );
     }
-    let list_rv: u64 = list.metadata.resource_version.unwrap_or_default().parse().unwrap_or(0);
+    let list_rv: u64 = list
+        .metadata
+        .resource_version
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or(0);
     assert!(created.values().all(|(rv, _, _)| *rv <= list_rv));
     eprintln!(
         "crash test: killed after {kill_after:?}; {} acknowledged with 201, {found_on_retry} found on retry",
@@ -195,14 +246,20 @@ async fn unauthenticated_and_unauthorized_requests_are_refused() {
             "admin-token-0123456789,admin,admin,\"system:masters\"\nalice-token-0123456789,alice,alice-uid,\"team-a\"\n",
         )
         .expect("tokens");
-        std::fs::write(dir.join("policy.yaml"), "namespaces:\n  - namespace: team-a\n    groups: [team-a]\n").expect("policy");
+        std::fs::write(
+            dir.join("policy.yaml"),
+            "namespaces:\n  - namespace: team-a\n    groups: [team-a]\n",
+        )
+        .expect("policy");
     });
     let as_user = |token: Option<&str>| {
         let kubeconfig = hub.kubeconfig();
         let token = token.map(str::to_string);
         async move {
             let raw = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-            let mut config = kube::Config::from_custom_kubeconfig(raw, &Default::default()).await.expect("config");
+            let mut config = kube::Config::from_custom_kubeconfig(raw, &Default::default())
+                .await
+                .expect("config");
             config.auth_info.token = token.map(|t| t.into());
             kube::Client::try_from(config).expect("client")
         }
@@ -216,17 +273,40 @@ async fn unauthenticated_and_unauthorized_requests_are_refused() {
 
     let alice = as_user(Some("alice-token-0123456789")).await;
     let own = Api::<DynamicObject>::namespaced_with(alice.clone(), "team-a", &trainjobs());
-    own.create(&PostParams::default(), &trainjob("alices-job")).await.expect("alice creates in team-a");
+    own.create(&PostParams::default(), &trainjob("alices-job"))
+        .await
+        .expect("alice creates in team-a");
     let other = Api::<DynamicObject>::namespaced_with(alice.clone(), "default", &trainjobs());
-    let e = other.create(&PostParams::default(), &trainjob("not-hers")).await.expect_err("another namespace");
+    let e = other
+        .create(&PostParams::default(), &trainjob("not-hers"))
+        .await
+        .expect_err("another namespace");
     assert_eq!(api_code(&e), Some(403), "{e}");
-    assert!(e.to_string().contains("User \"alice\" cannot create resource \"trainjobs\""), "{e}");
+    assert!(
+        e.to_string()
+            .contains("User \"alice\" cannot create resource \"trainjobs\""),
+        "{e}"
+    );
 
     let runtimes = Api::<DynamicObject>::all_with(alice, &cluster_runtimes());
-    let listed = runtimes.list(&ListParams::default()).await.expect("alice lists cluster runtimes");
-    assert!(listed.items.iter().any(|r| r.metadata.name.as_deref() == Some("torch-distributed")));
+    let listed = runtimes
+        .list(&ListParams::default())
+        .await
+        .expect("alice lists cluster runtimes");
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|r| r.metadata.name.as_deref() == Some("torch-distributed"))
+    );
     let mut runtime = listed.items[0].clone();
-    runtime.metadata = kube::core::ObjectMeta { name: Some("alices-runtime".into()), ..Default::default() };
-    let e = runtimes.create(&PostParams::default(), &runtime).await.expect_err("non-admin cluster runtime");
+    runtime.metadata = kube::core::ObjectMeta {
+        name: Some("alices-runtime".into()),
+        ..Default::default()
+    };
+    let e = runtimes
+        .create(&PostParams::default(), &runtime)
+        .await
+        .expect_err("non-admin cluster runtime");
     assert_eq!(api_code(&e), Some(403), "{e}");
 }

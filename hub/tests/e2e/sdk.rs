@@ -14,7 +14,10 @@ fn python() -> String {
 
 #[test]
 fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
-    let has_sdk = Command::new(python()).args(["-c", "import kubeflow.trainer"]).status().is_ok_and(|s| s.success());
+    let has_sdk = Command::new(python())
+        .args(["-c", "import kubeflow.trainer"])
+        .status()
+        .is_ok_and(|s| s.success());
     assert!(
         has_sdk,
         "the Kubeflow SDK is not installed for {}: `pip install kubeflow` (or set TRAINHUB_PYTHON)",
@@ -22,7 +25,11 @@ fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
     );
     let hub = DevHub::start();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk.py");
-    let out = Command::new(python()).arg(script).arg(hub.kubeconfig()).output().expect("running python");
+    let out = Command::new(python())
+        .arg(script)
+        .arg(hub.kubeconfig())
+        .output()
+        .expect("running python");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

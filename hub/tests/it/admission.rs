@@ -27,28 +27,11 @@ const NOW_SECS: u64 = 1_749_988_800;
 const NOW: &str = "2025-06-15T12:00:00Z";
 
 fn def(kind: &str) -> ResourceDef {
-    let (plural, namespaced) = match kind {
-        "TrainJob" => ("trainjobs", true),
-        "TrainingRuntime" => ("trainingruntimes", true),
-        "ClusterTrainingRuntime" => ("clustertrainingruntimes", false),
-        other => panic!("not a trainer kind: {other}"),
-    };
-    ResourceDef {
-        group: "trainer.kubeflow.org".into(),
-        version: "v1alpha1".into(),
-        kind: kind.into(),
-        list_kind: format!("{kind}List"),
-        plural: plural.into(),
-        singular: kind.to_lowercase(),
-        short_names: vec![],
-        categories: vec![],
-        namespaced,
-        status_subresource: kind == "TrainJob",
-        read_only: false,
-        log_subresource: false,
-        printer_columns: vec![],
-        schema: None,
-    }
+    trainhub::api::resources()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.group == "trainer.kubeflow.org" && d.kind == kind)
+        .unwrap_or_else(|| panic!("not a trainer kind: {kind}"))
 }
 
 /// A hub's admission over a store in a temporary directory.
@@ -266,7 +249,9 @@ async fn every_upstream_file_is_admitted() {
             // upstream file must be), with the rule as a warning.
             assert_eq!(
                 outcome.warnings,
-                ["spec.runtimeRef: \"torch-with-dataset-init\" must have volumeMount with name - initializer in container dataset-initializer of the dataset-initializer job (kubeflow/trainer refuses this TrainJob since #3714)"]
+                [
+                    "spec.runtimeRef: \"torch-with-dataset-init\" must have volumeMount with name - initializer in container dataset-initializer of the dataset-initializer job (kubeflow/trainer refuses this TrainJob since #3714)"
+                ]
             );
             continue;
         }

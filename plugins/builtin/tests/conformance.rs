@@ -1000,7 +1000,11 @@ fn initializers_need_their_job_container_and_volume() {
         json!({"initializer": {"dataset": {"storageUri": "hf://x/y"}}}),
     );
     let validation = validate(&job, &runtime);
-    assert!(error_fields(&validation).is_empty(), "{:?}", validation.errors);
+    assert!(
+        error_fields(&validation).is_empty(),
+        "{:?}",
+        validation.errors
+    );
     assert!(
         validation.warnings[0].contains("volumeMount with name - initializer"),
         "{:?}",
