@@ -113,14 +113,14 @@ pub async fn run(
 /// The admin token of the dev hub, created on first start (`tokens.csv`).
 fn admin_token(dir: &std::path::Path) -> Result<String> {
     let path = dir.join("tokens.csv");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Some(token) = text
-            .lines()
+    let existing = std::fs::read_to_string(&path).ok().and_then(|text| {
+        text.lines()
             .find_map(|l| l.split(',').next())
             .filter(|t| !t.is_empty())
-        {
-            return Ok(token.to_string());
-        }
+            .map(str::to_string)
+    });
+    if let Some(token) = existing {
+        return Ok(token);
     }
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("generating a token: {e}"))?;
