@@ -83,7 +83,8 @@ pub fn validate_settings<P: Plugin>(settings: &str) -> Vec<FieldError> {
 pub fn validate<P: Plugin>(ctx: &Context, trainjob: &str, runtime: &str) -> Validation {
     let inputs = Ctx::from_wire(ctx).and_then(|ctx| {
         let job: TrainJob = parse("TrainJob", trainjob)?;
-        let runtime: Runtime = parse("runtime", runtime)?;
+        let runtime = Runtime::from_json(runtime)
+            .map_err(|e| Failure::new(format!("runtime is not valid: {e}")))?;
         Ok((ctx, job, runtime))
     });
     match inputs {

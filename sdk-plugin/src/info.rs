@@ -218,16 +218,51 @@ pub fn new_runtime_info(job: &TrainJob, runtime: &Runtime) -> Result<RuntimeInfo
 /// changed counts. Every phase that changes a count calls it, so that later
 /// phases (the MPI hostfile) see the pods that will run.
 pub fn refresh_endpoints(info: &mut RuntimeInfo, job: &TrainJob) -> Result<(), Failure> {
-    let template: JobSetSpec = info.template_as()?;
+    let template: shape::Template = info.template_as()?;
     let job_name = job.metadata.name.as_deref().unwrap_or_default();
-    let subdomain = subdomain(&template, job_name);
+    let subdomain = template
+        .network
+        .and_then(|n| n.subdomain)
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| job_name.to_string());
+    let rjobs = template.replicated_jobs.unwrap_or_default();
     for set in &mut info.pod_sets {
-        let replicas = template
-            .replicated_job(&set.name)
+        let replicas = rjobs
+            .iter()
+            .find(|rjob| rjob.name == set.name)
             .map_or(1, |rjob| replicas(set.ancestor.as_deref(), rjob.replicas));
         set.endpoints = endpoints(job_name, &set.name, replicas, set.count, &subdomain);
     }
     Ok(())
+}
+
+/// The few fields of a JobSet spec that endpoints depend on. Parsing only
+/// these (serde skips the rest without building it) keeps
+/// [`refresh_endpoints`], which every ML plugin calls, cheap.
+mod shape {
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub(super) struct Template {
+        #[serde(default)]
+        pub replicated_jobs: Option<Vec<ReplicatedJob>>,
+        #[serde(default)]
+        pub network: Option<Network>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct ReplicatedJob {
+        pub name: String,
+        #[serde(default)]
+        pub replicas: Option<i32>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Network {
+        #[serde(default)]
+        pub subdomain: Option<String>,
+    }
 }
 
 /// Pod DNS names of a replicated job: `<job>-<replicatedJob>-<replica>-<pod>.<subdomain>`.
@@ -282,6 +317,20 @@ pub fn patched_template(job: &TrainJob, runtime: &Runtime) -> Result<JobSetSpec,
         .map(|j| j.name.as_str())
         .collect();
     let invalid = |field: String, detail: String| vec![FieldError::invalid(field, None, detail)];
+
+    let patches_template = job.spec.runtime_patches.iter().flatten().any(|patch| {
+        patch
+            .training_runtime_spec
+            .as_ref()
+            .and_then(|s| s.template.as_ref())
+            .and_then(|t| t.spec.as_ref())
+            .is_some()
+    });
+    if !patches_template {
+        // Nothing to merge: the template as it is (what the JSON round trip
+        // below would give back).
+        return Ok(original.clone());
+    }
 
     let mut errors = Vec::new();
     let mut merged = serde_json::to_value(original).map_err(|e| {

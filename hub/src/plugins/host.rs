@@ -3,8 +3,18 @@
 //! One [`Engine`] per hub. A component is compiled once per sha256 digest
 //! (kept in memory by moka, and on disk by wasmtime's cache so a restart
 //! reuses the machine code) and pre-linked into an `InstancePre`. Every call
-//! gets a fresh [`Store`]: no state leaks between TrainJobs, and a plugin that
-//! traps, loops or exhausts its memory fails that call only.
+//! gets a fresh [`Store`] and a fresh instance: no state leaks between
+//! TrainJobs, and a plugin that traps, loops or exhausts its memory fails that
+//! call only.
+//!
+//! Instances come from wasmtime's pooling allocator: a fixed set of slots
+//! whose address space is reserved once and whose linear memories are reset
+//! (only the pages a call dirtied) when the call ends, with the component's
+//! initial memory mapped copy-on-write. A fresh instance per call therefore
+//! costs microseconds rather than an `mmap`, page faults and an `munmap`.
+//! At most [`CONCURRENT_CALLS`] calls run at once; a further call waits for a
+//! slot. Where the pool's address space cannot be reserved, the host falls
+//! back to allocating each instance on demand, with the same guarantees.
 //!
 //! Capabilities are denied by default. The only imports satisfied are the
 //! `trainhub:plugin/host` interface and the inert parts of WASI that Rust's
@@ -15,14 +25,20 @@
 //! (filesystem, sockets, clocks, secure random, HTTP ...) is refused at load.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
 use trainhub_plugin_sdk as sdk;
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, ResourceLimiter, Store};
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentNamedList, HasSelf, InstancePre, Lift, Linker, Lower,
+    ResourceTable,
+};
+use wasmtime::{
+    Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter,
+    Store,
+};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
@@ -36,6 +52,20 @@ const TICK: Duration = Duration::from_millis(10);
 const STDIO_CAPTURE: usize = 64 * 1024;
 /// Upper bound on one `random-bytes` request.
 const MAX_RANDOM_BYTES: u32 = 4096;
+
+/// Plugin calls that may run at once (each holds one instance of the pool).
+pub const CONCURRENT_CALLS: u32 = 64;
+/// What one component instance may hold. A Rust plugin has one memory, two
+/// tables and three core instances; other toolchains use a few more.
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 8;
+const CORE_INSTANCES_PER_COMPONENT: u32 = 32;
+/// Table elements a table may have, as [`MemoryCap`] allows it to grow.
+const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Bytes of a linear memory reset in place (rather than unmapped) when a
+/// call ends, so the next call on that slot takes no page faults there.
+/// Only pages the call dirtied are reset.
+const KEEP_RESIDENT: usize = 2 << 20;
 
 /// Interfaces a plugin may import, by name without version. Everything else
 /// is refused at load.
@@ -93,6 +123,8 @@ pub struct Host {
     linker: Arc<Linker<CallState>>,
     compiled: moka::sync::Cache<[u8; 32], Component>,
     ticker: Arc<AtomicBool>,
+    /// Free instance slots, when instances come from the pool.
+    slots: Option<Arc<Slots>>,
 }
 
 impl Drop for Host {
@@ -106,7 +138,8 @@ impl Host {
         let mut wasm = Config::new();
         wasm.wasm_component_model(true)
             .epoch_interruption(true)
-            .cranelift_opt_level(wasmtime::OptLevel::Speed);
+            .cranelift_opt_level(wasmtime::OptLevel::Speed)
+            .memory_init_cow(true);
         if let Some(dir) = &config.cache_dir {
             let mut cache = wasmtime::CacheConfig::new();
             cache.with_directory(dir);
@@ -115,8 +148,17 @@ impl Host {
             })?;
             wasm.cache(Some(cache));
         }
-        let engine =
-            Engine::new(&wasm).map_err(|e| PluginError::Host(format!("wasmtime engine: {e}")))?;
+        wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool_config()));
+        let (engine, slots) = match Engine::new(&wasm) {
+            Ok(engine) => (engine, Some(Arc::new(Slots::new(CONCURRENT_CALLS)))),
+            Err(pool_error) => {
+                tracing::warn!(error = %format!("{pool_error:#}"), "plugin instance pool unavailable; allocating instances on demand");
+                wasm.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+                let engine = Engine::new(&wasm)
+                    .map_err(|e| PluginError::Host(format!("wasmtime engine: {e}")))?;
+                (engine, None)
+            }
+        };
 
         let mut linker = Linker::new(&engine);
         bindings::Plugin::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)
@@ -145,7 +187,14 @@ impl Host {
             linker: Arc::new(linker),
             compiled: moka::sync::Cache::new(256),
             ticker,
+            slots,
         })
+    }
+
+    /// Whether instances come from the pool (else they are allocated on
+    /// demand, see the module docs).
+    pub fn pooled(&self) -> bool {
+        self.slots.is_some()
     }
 
     /// Compiles (or finds compiled) `wasm`, checks what it imports, asks it
@@ -190,14 +239,17 @@ impl Host {
                 imports: refused,
             });
         }
+        let not_a_plugin = |e: wasmtime::Error| PluginError::Load {
+            plugin: id.clone(),
+            reason: format!("does not implement trainhub:plugin/plugin@0.1.0: {e:#}"),
+        };
         let pre = self
             .linker
             .instantiate_pre(&component)
-            .and_then(PluginPre::new)
-            .map_err(|e| PluginError::Load {
-                plugin: id.clone(),
-                reason: format!("does not implement trainhub:plugin/plugin@0.1.0: {e:#}"),
-            })?;
+            .map_err(not_a_plugin)?;
+        // Checks every export of the world against its WIT type, once.
+        PluginPre::new(pre.clone()).map_err(not_a_plugin)?;
+        let exports = Exports::of(&component).map_err(not_a_plugin)?;
 
         let mut plugin = LoadedPlugin {
             id,
@@ -205,19 +257,22 @@ impl Host {
             settings: settings.to_string(),
             limits,
             pre,
+            exports,
             engine: self.engine.clone(),
+            slots: self.slots.clone(),
         };
-        let descriptor: sdk::Descriptor = plugin
-            .call(Phase::Startup, |p, s| p.call_describe(s))?
-            .convert();
+        let (descriptor,): (wit::Descriptor,) =
+            plugin.call(Phase::Startup, &plugin.exports.describe, ())?;
+        let descriptor: sdk::Descriptor = descriptor.convert();
         check_descriptor(&plugin.id, &descriptor)?;
         plugin.id.name = descriptor.name.clone();
         plugin.descriptor = descriptor;
-        let errors: Vec<sdk::FieldError> = plugin
-            .call(Phase::Startup, |p, s| {
-                p.call_validate_settings(s, &plugin.settings)
-            })?
-            .convert();
+        let (errors,): (Vec<wit::FieldError>,) = plugin.call(
+            Phase::Startup,
+            &plugin.exports.validate_settings,
+            (plugin.settings.as_str(),),
+        )?;
+        let errors: Vec<sdk::FieldError> = errors.convert();
         if !errors.is_empty() {
             return Err(PluginError::Settings {
                 plugin: plugin.id,
@@ -266,8 +321,41 @@ pub struct LoadedPlugin {
     descriptor: sdk::Descriptor,
     settings: String,
     limits: Limits,
-    pre: PluginPre<CallState>,
+    pre: InstancePre<CallState>,
+    exports: Exports,
     engine: Engine,
+    slots: Option<Arc<Slots>>,
+}
+
+/// Where the world's exports are in a component, looked up once at load so
+/// that a call resolves (and type-checks) only the function it calls.
+struct Exports {
+    describe: ComponentExportIndex,
+    validate_settings: ComponentExportIndex,
+    validate: ComponentExportIndex,
+    enforce_ml_policy: ComponentExportIndex,
+    enforce_pod_group_policy: ComponentExportIndex,
+    build: ComponentExportIndex,
+    status: ComponentExportIndex,
+}
+
+impl Exports {
+    fn of(component: &Component) -> wasmtime::Result<Self> {
+        let index = |name: &str| {
+            component
+                .get_export_index(None, name)
+                .ok_or_else(|| wasmtime::format_err!("no export named {name}"))
+        };
+        Ok(Exports {
+            describe: index("describe")?,
+            validate_settings: index("validate-settings")?,
+            validate: index("validate")?,
+            enforce_ml_policy: index("enforce-ml-policy")?,
+            enforce_pod_group_policy: index("enforce-pod-group-policy")?,
+            build: index("build")?,
+            status: index("status")?,
+        })
+    }
 }
 
 impl std::fmt::Debug for LoadedPlugin {
@@ -298,13 +386,22 @@ impl LoadedPlugin {
         }
     }
 
-    /// Runs `f` against a fresh instance in a fresh store, under the plugin's
-    /// deadline and memory cap, and classifies what went wrong.
-    fn call<R>(
+    /// Calls `export` with `params` on a fresh instance in a fresh store,
+    /// under the plugin's deadline and memory cap, and classifies what went
+    /// wrong.
+    fn call<P, R>(
         &self,
         phase: Phase,
-        f: impl FnOnce(&bindings::Plugin, &mut Store<CallState>) -> wasmtime::Result<R>,
-    ) -> Result<R, PluginError> {
+        export: &ComponentExportIndex,
+        params: P,
+    ) -> Result<R, PluginError>
+    where
+        P: ComponentNamedList + Lower + Send + Sync,
+        R: ComponentNamedList + Lift + Send + Sync,
+    {
+        // Held until the store (declared after it, so dropped before it) has
+        // given its instance back to the pool.
+        let _slot = self.slots.as_ref().map(Slots::acquire);
         let stdio = MemoryOutputPipe::new(STDIO_CAPTURE);
         let wasi = WasiCtx::builder()
             .stdout(stdio.clone())
@@ -331,10 +428,11 @@ impl LoadedPlugin {
         store.epoch_deadline_trap();
 
         let started = Instant::now();
-        let result = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|plugin| f(&plugin, &mut store));
+        let result = self.pre.instantiate(&mut store).and_then(|instance| {
+            instance
+                .get_typed_func::<P, R>(&mut store, export)?
+                .call(&mut store, params)
+        });
         let output = stdio.contents();
         if !output.is_empty() {
             tracing::info!(plugin = %self.id, %phase, output = %String::from_utf8_lossy(&output), "plugin wrote to stdio");
@@ -381,10 +479,12 @@ impl LoadedPlugin {
     /// PreExecution: validate a TrainJob against its runtime (both JSON).
     pub fn validate(&self, trainjob: &str, runtime: &str) -> Result<sdk::Validation, PluginError> {
         let ctx = self.context();
-        self.call(Phase::Validate, |p, s| {
-            p.call_validate(s, &ctx, trainjob, runtime)
-        })
-        .map(Convert::convert)
+        let (validation,): (wit::Validation,) = self.call(
+            Phase::Validate,
+            &self.exports.validate,
+            (&ctx, trainjob, runtime),
+        )?;
+        Ok(validation.convert())
     }
 
     pub fn enforce_ml_policy(
@@ -394,11 +494,14 @@ impl LoadedPlugin {
     ) -> Result<sdk::RuntimeInfo, PluginError> {
         let ctx = self.context();
         let info: wit::RuntimeInfo = info.convert();
-        self.call(Phase::EnforceMlPolicy, |p, s| {
-            p.call_enforce_ml_policy(s, &ctx, &info, trainjob)
-        })?
-        .map(Convert::convert)
-        .map_err(|f| self.failed(Phase::EnforceMlPolicy, f))
+        let (result,): (Result<wit::RuntimeInfo, wit::Failure>,) = self.call(
+            Phase::EnforceMlPolicy,
+            &self.exports.enforce_ml_policy,
+            (&ctx, &info, trainjob),
+        )?;
+        result
+            .map(Convert::convert)
+            .map_err(|f| self.failed(Phase::EnforceMlPolicy, f))
     }
 
     pub fn enforce_pod_group_policy(
@@ -408,11 +511,14 @@ impl LoadedPlugin {
     ) -> Result<sdk::RuntimeInfo, PluginError> {
         let ctx = self.context();
         let info: wit::RuntimeInfo = info.convert();
-        self.call(Phase::EnforcePodGroupPolicy, |p, s| {
-            p.call_enforce_pod_group_policy(s, &ctx, &info, trainjob)
-        })?
-        .map(Convert::convert)
-        .map_err(|f| self.failed(Phase::EnforcePodGroupPolicy, f))
+        let (result,): (Result<wit::RuntimeInfo, wit::Failure>,) = self.call(
+            Phase::EnforcePodGroupPolicy,
+            &self.exports.enforce_pod_group_policy,
+            (&ctx, &info, trainjob),
+        )?;
+        result
+            .map(Convert::convert)
+            .map_err(|f| self.failed(Phase::EnforcePodGroupPolicy, f))
     }
 
     /// Build: the objects for `target`, as JSON text; the pipeline checks each
@@ -426,19 +532,23 @@ impl LoadedPlugin {
         let ctx = self.context();
         let info: wit::RuntimeInfo = info.clone().convert();
         let target: wit::Target = target.clone().convert();
-        self.call(Phase::Build, |p, s| {
-            p.call_build(s, &ctx, &info, trainjob, &target)
-        })?
-        .map_err(|f| self.failed(Phase::Build, f))
+        let (result,): (Result<Vec<String>, wit::Failure>,) = self.call(
+            Phase::Build,
+            &self.exports.build,
+            (&ctx, &info, trainjob, &target),
+        )?;
+        result.map_err(|f| self.failed(Phase::Build, f))
     }
 
     /// PostExecution: the TrainJob status JSON, if the plugin sets one.
     pub fn status(&self, trainjob: &str, observed: &str) -> Result<Option<String>, PluginError> {
         let ctx = self.context();
-        self.call(Phase::Status, |p, s| {
-            p.call_status(s, &ctx, trainjob, observed)
-        })?
-        .map_err(|f| self.failed(Phase::Status, f))
+        let (result,): (Result<Option<String>, wit::Failure>,) = self.call(
+            Phase::Status,
+            &self.exports.status,
+            (&ctx, trainjob, observed),
+        )?;
+        result.map_err(|f| self.failed(Phase::Status, f))
     }
 }
 
@@ -510,6 +620,64 @@ impl ResourceLimiter for MemoryCap {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+}
+
+/// The instance pool: [`CONCURRENT_CALLS`] component instances, each with
+/// room for what one plugin instance holds, linear memories of any size up
+/// to 4 GiB (each plugin's own cap is enforced by [`MemoryCap`]).
+fn pool_config() -> PoolingAllocationConfig {
+    let mut pool = PoolingAllocationConfig::new();
+    pool.total_component_instances(CONCURRENT_CALLS)
+        .max_memories_per_component(MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(TABLES_PER_COMPONENT)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(CONCURRENT_CALLS * MEMORIES_PER_COMPONENT)
+        .total_tables(CONCURRENT_CALLS * TABLES_PER_COMPONENT)
+        .total_core_instances(CONCURRENT_CALLS * CORE_INSTANCES_PER_COMPONENT)
+        .max_tables_per_module(TABLES_PER_COMPONENT)
+        .table_elements(MAX_TABLE_ELEMENTS)
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .table_keep_resident(64 << 10)
+        .pagemap_scan(Enabled::Auto);
+    pool
+}
+
+/// Counts the pool's free instance slots, so that a call beyond the pool's
+/// capacity waits for one rather than failing.
+struct Slots {
+    free: Mutex<u32>,
+    freed: Condvar,
+}
+
+/// One taken slot, given back on drop.
+struct Slot(Arc<Slots>);
+
+impl Slots {
+    fn new(count: u32) -> Self {
+        Slots {
+            free: Mutex::new(count),
+            freed: Condvar::new(),
+        }
+    }
+
+    fn acquire(self: &Arc<Self>) -> Slot {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self
+                .freed
+                .wait(free)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        Slot(self.clone())
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
     }
 }
 
