@@ -73,13 +73,13 @@ impl DevHub {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(180);
         while !self.kubeconfig().exists() {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "trainhub dev exited with {status} before it was ready:\n{}",
-                        self.log()
-                    );
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "trainhub dev exited with {status} before it was ready:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 Instant::now() < deadline,
