@@ -96,15 +96,9 @@ mod tests {
             list_kind: "TrainJobList".into(),
             plural: "trainjobs".into(),
             singular: "trainjob".into(),
-            short_names: vec![],
-            categories: vec![],
             namespaced: true,
             status_subresource: true,
-            read_only: false,
-            log_subresource: false,
-            printer_columns: vec![],
-            schema: None,
-            selectable_fields: vec![],
+            ..Default::default()
         };
         assert_eq!(r.store_key(), "trainer.kubeflow.org/trainjobs");
         r.group.clear();

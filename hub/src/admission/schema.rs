@@ -453,25 +453,7 @@ impl Schema {
             Value::String(s) => self.check_string(s, value, path, out),
             Value::Array(items) => {
                 let len = items.len() as u64;
-                if let Some(max) = self.max_items
-                    && len > max
-                {
-                    out.push(FieldError::new(
-                        ErrorType::TooMany,
-                        path,
-                        Some(len.into()),
-                        format!("must have at most {max} {}", plural(max, "item")),
-                    ));
-                }
-                if let Some(min) = self.min_items
-                    && len < min
-                {
-                    out.push(FieldError::invalid(
-                        path,
-                        len,
-                        format!("{path} in body should have at least {min} items"),
-                    ));
-                }
+                count_bounds(path, len, self.max_items, self.min_items, "items", out);
                 if self.unique_items
                     && items
                         .iter()
@@ -492,25 +474,14 @@ impl Schema {
                     }
                 }
                 let len = map.len() as u64;
-                if let Some(max) = self.max_properties
-                    && len > max
-                {
-                    out.push(FieldError::new(
-                        ErrorType::TooMany,
-                        path,
-                        Some(len.into()),
-                        format!("must have at most {max} {}", plural(max, "item")),
-                    ));
-                }
-                if let Some(min) = self.min_properties
-                    && len < min
-                {
-                    out.push(FieldError::invalid(
-                        path,
-                        len,
-                        format!("{path} in body should have at least {min} properties"),
-                    ));
-                }
+                count_bounds(
+                    path,
+                    len,
+                    self.max_properties,
+                    self.min_properties,
+                    "properties",
+                    out,
+                );
             }
             Value::Null | Value::Bool(_) => {}
         }
@@ -852,5 +823,36 @@ mod tests {
         assert!(is_date_time("2025-06-15T12:00:00.123+02:00"));
         assert!(!is_date_time("2025-06-15"));
         assert!(!is_date_time("2025-06-15T12:00:00"));
+    }
+}
+
+/// `maxItems`/`minItems` and `maxProperties`/`minProperties`, with
+/// kube-apiserver's wording (`noun` is `items` or `properties`).
+fn count_bounds(
+    path: &str,
+    len: u64,
+    max: Option<u64>,
+    min: Option<u64>,
+    noun: &str,
+    out: &mut Vec<FieldError>,
+) {
+    if let Some(max) = max
+        && len > max
+    {
+        out.push(FieldError::new(
+            ErrorType::TooMany,
+            path,
+            Some(len.into()),
+            format!("must have at most {max} {}", plural(max, "item")),
+        ));
+    }
+    if let Some(min) = min
+        && len < min
+    {
+        out.push(FieldError::invalid(
+            path,
+            len,
+            format!("{path} in body should have at least {min} {noun}"),
+        ));
     }
 }
