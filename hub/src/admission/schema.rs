@@ -693,6 +693,37 @@ fn is_date_time(s: &str) -> bool {
     }
 }
 
+/// `maxItems`/`minItems` and `maxProperties`/`minProperties`, with
+/// kube-apiserver's wording (`noun` is `items` or `properties`).
+fn count_bounds(
+    path: &str,
+    len: u64,
+    max: Option<u64>,
+    min: Option<u64>,
+    noun: &str,
+    out: &mut Vec<FieldError>,
+) {
+    if let Some(max) = max
+        && len > max
+    {
+        out.push(FieldError::new(
+            ErrorType::TooMany,
+            path,
+            Some(len.into()),
+            format!("must have at most {max} {}", plural(max, "item")),
+        ));
+    }
+    if let Some(min) = min
+        && len < min
+    {
+        out.push(FieldError::invalid(
+            path,
+            len,
+            format!("{path} in body should have at least {min} {noun}"),
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -823,36 +854,5 @@ mod tests {
         assert!(is_date_time("2025-06-15T12:00:00.123+02:00"));
         assert!(!is_date_time("2025-06-15"));
         assert!(!is_date_time("2025-06-15T12:00:00"));
-    }
-}
-
-/// `maxItems`/`minItems` and `maxProperties`/`minProperties`, with
-/// kube-apiserver's wording (`noun` is `items` or `properties`).
-fn count_bounds(
-    path: &str,
-    len: u64,
-    max: Option<u64>,
-    min: Option<u64>,
-    noun: &str,
-    out: &mut Vec<FieldError>,
-) {
-    if let Some(max) = max
-        && len > max
-    {
-        out.push(FieldError::new(
-            ErrorType::TooMany,
-            path,
-            Some(len.into()),
-            format!("must have at most {max} {}", plural(max, "item")),
-        ));
-    }
-    if let Some(min) = min
-        && len < min
-    {
-        out.push(FieldError::invalid(
-            path,
-            len,
-            format!("{path} in body should have at least {min} {noun}"),
-        ));
     }
 }
