@@ -1,0 +1,1 @@
+//! The process backend (placeholder until it is written).
