@@ -331,7 +331,7 @@ pub mod spoke_client {
             self
         }
         /// The spoke's one stream. W3C trace context travels in metadata.
-        pub async fn connect(
+        pub async fn session(
             &mut self,
             request: impl tonic::IntoStreamingRequest<Message = super::SpokeMessage>,
         ) -> std::result::Result<
@@ -348,11 +348,11 @@ pub mod spoke_client {
                 })?;
             let codec = tonic_prost::ProstCodec::default();
             let path = http::uri::PathAndQuery::from_static(
-                "/trainhub.spoke.v1.Spoke/Connect",
+                "/trainhub.spoke.v1.Spoke/Session",
             );
             let mut req = request.into_streaming_request();
             req.extensions_mut()
-                .insert(GrpcMethod::new("trainhub.spoke.v1.Spoke", "Connect"));
+                .insert(GrpcMethod::new("trainhub.spoke.v1.Spoke", "Session"));
             self.inner.streaming(req, path, codec).await
         }
     }
@@ -370,17 +370,17 @@ pub mod spoke_server {
     /// Generated trait containing gRPC methods that should be implemented for use with SpokeServer.
     #[async_trait]
     pub trait Spoke: std::marker::Send + std::marker::Sync + 'static {
-        /// Server streaming response type for the Connect method.
-        type ConnectStream: tonic::codegen::tokio_stream::Stream<
+        /// Server streaming response type for the Session method.
+        type SessionStream: tonic::codegen::tokio_stream::Stream<
                 Item = std::result::Result<super::HubMessage, tonic::Status>,
             >
             + std::marker::Send
             + 'static;
         /// The spoke's one stream. W3C trace context travels in metadata.
-        async fn connect(
+        async fn session(
             &self,
             request: tonic::Request<tonic::Streaming<super::SpokeMessage>>,
-        ) -> std::result::Result<tonic::Response<Self::ConnectStream>, tonic::Status>;
+        ) -> std::result::Result<tonic::Response<Self::SessionStream>, tonic::Status>;
     }
     #[derive(Debug)]
     pub struct SpokeServer<T> {
@@ -458,13 +458,13 @@ pub mod spoke_server {
         }
         fn call(&mut self, req: http::Request<B>) -> Self::Future {
             match req.uri().path() {
-                "/trainhub.spoke.v1.Spoke/Connect" => {
+                "/trainhub.spoke.v1.Spoke/Session" => {
                     #[allow(non_camel_case_types)]
-                    struct ConnectSvc<T: Spoke>(pub Arc<T>);
+                    struct SessionSvc<T: Spoke>(pub Arc<T>);
                     impl<T: Spoke> tonic::server::StreamingService<super::SpokeMessage>
-                    for ConnectSvc<T> {
+                    for SessionSvc<T> {
                         type Response = super::HubMessage;
-                        type ResponseStream = T::ConnectStream;
+                        type ResponseStream = T::SessionStream;
                         type Future = BoxFuture<
                             tonic::Response<Self::ResponseStream>,
                             tonic::Status,
@@ -477,7 +477,7 @@ pub mod spoke_server {
                         ) -> Self::Future {
                             let inner = Arc::clone(&self.0);
                             let fut = async move {
-                                <T as Spoke>::connect(&inner, request).await
+                                <T as Spoke>::session(&inner, request).await
                             };
                             Box::pin(fut)
                         }
@@ -488,7 +488,7 @@ pub mod spoke_server {
                     let max_encoding_message_size = self.max_encoding_message_size;
                     let inner = self.inner.clone();
                     let fut = async move {
-                        let method = ConnectSvc(inner);
+                        let method = SessionSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(
