@@ -22,6 +22,38 @@ pub struct Args {
 pub enum Command {
     /// Run the plugin pipeline offline and print the objects it builds.
     Render(RenderArgs),
+    /// Create the CA and issue hub and spoke certificates for the spokes'
+    /// mutual TLS.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CertsCommand {
+    /// Create a CA in DIR (`ca.crt`, `ca.key`), unless one is there.
+    Init {
+        #[arg(long, default_value = "pki")]
+        dir: PathBuf,
+    },
+    /// Issue the hub's serving certificate (`hub.crt`, `hub.key`) for the
+    /// names and addresses spokes dial.
+    Hub {
+        #[arg(long, default_value = "pki")]
+        dir: PathBuf,
+        /// DNS names (repeatable).
+        #[arg(long = "dns")]
+        dns_names: Vec<String>,
+        /// IP addresses (repeatable).
+        #[arg(long = "ip")]
+        ips: Vec<std::net::IpAddr>,
+    },
+    /// Issue a spoke's client certificate (`NAME.crt`, `NAME.key`); NAME,
+    /// its Subject CN, is the spoke's name at the hub.
+    Spoke {
+        name: String,
+        #[arg(long, default_value = "pki")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,6 +87,7 @@ pub fn run(args: Args) -> ExitCode {
     let Args { command } = args;
     let result = match command {
         Command::Render(args) => render_command(args),
+        Command::Certs(command) => certs_command(command),
     };
     match result {
         Ok(code) => code,
@@ -63,6 +96,46 @@ pub fn run(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn certs_command(command: CertsCommand) -> anyhow::Result<ExitCode> {
+    use trainhub_apiserver::pki::PemDir;
+    match command {
+        CertsCommand::Init { dir } => {
+            let pki = PemDir::new(&dir);
+            pki.load_or_create_ca("trainhub-ca")?;
+            println!("CA in {}", pki.cert_path("ca").display());
+        }
+        CertsCommand::Hub {
+            dir,
+            dns_names,
+            ips,
+        } => {
+            let pki = PemDir::new(&dir);
+            let ca = pki
+                .read_ca()
+                .context("no CA: run `trainctl certs init` first")?;
+            let names: Vec<&str> = dns_names.iter().map(String::as_str).collect();
+            let issued = ca.issue_server("trainhub", &names, &ips)?;
+            pki.write("hub", &issued)?;
+            println!("hub certificate in {}", pki.cert_path("hub").display());
+        }
+        CertsCommand::Spoke { name, dir } => {
+            if !crate::grpc::is_dns_label(&name) {
+                anyhow::bail!(
+                    "spoke name {name:?}: must be a DNS-1123 label (lowercase letters, digits and '-', at most 63)"
+                );
+            }
+            let pki = PemDir::new(&dir);
+            let ca = pki
+                .read_ca()
+                .context("no CA: run `trainctl certs init` first")?;
+            let issued = ca.issue_client(&name, &[crate::grpc::SPOKE_GROUP])?;
+            pki.write(&name, &issued)?;
+            println!("spoke certificate in {}", pki.cert_path(&name).display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn render_command(args: RenderArgs) -> anyhow::Result<ExitCode> {

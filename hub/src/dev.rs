@@ -26,9 +26,22 @@ pub struct DevArgs {
     /// Port of the Kubernetes API on 127.0.0.1 (0: any free port).
     #[arg(long, default_value_t = 6443)]
     pub api_port: u16,
-    /// Local spokes (process backend) to start and connect.
-    #[arg(long, default_value_t = 0)]
+    /// Local spokes (process backend) to start, connected over gRPC with
+    /// mutual TLS on 127.0.0.1.
+    #[arg(long, default_value_t = 2)]
     pub spokes: usize,
+    /// Capacity each local spoke declares, `RESOURCE=QUANTITY,...`.
+    #[arg(long, default_value = "cpu=4,memory=8Gi")]
+    pub spoke_capacity: String,
+    /// Port of the spokes' gRPC endpoint on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub grpc_port: u16,
+    /// TrainJobs (YAML) to submit once the hub is ready; their progress and,
+    /// when they finish, their logs are printed.
+    #[arg(long = "apply", value_name = "FILE")]
+    pub apply: Vec<PathBuf>,
+    #[command(flatten)]
+    pub dispatch: crate::dispatch::DispatchArgs,
     /// Custom plugins directory, hot-reloaded.
     #[arg(long)]
     pub plugins_dir: Option<PathBuf>,
@@ -61,11 +74,23 @@ pub async fn run(
         pki.write("hub", &issued)?;
     }
     let token = admin_token(dir)?;
-    if args.spokes > 0 {
-        tracing::warn!(
-            spokes = args.spokes,
-            "local spokes are not available yet; the hub runs alone"
-        );
+    let mut spokes = Vec::new();
+    for i in 1..=args.spokes {
+        let name = format!("spoke-{i}");
+        if !pki.contains(&name) {
+            pki.write(&name, &ca.issue_client(&name, &[crate::grpc::SPOKE_GROUP])?)?;
+        }
+        spokes.push((name.clone(), pki.read(&name)?));
+    }
+    let capacity = trainhub_spoke::cli::parse_capacity(&args.spoke_capacity)?;
+    let mut to_apply = Vec::new();
+    for file in &args.apply {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        to_apply.extend(crate::render::parse_documents(
+            &file.display().to_string(),
+            &text,
+        )?);
     }
     let config = Config {
         data_dir: dir.clone(),
@@ -76,13 +101,61 @@ pub async fn run(
         token_file: Some(dir.join("tokens.csv")),
         policy_file: Some(dir.join("policy.yaml")).filter(|p| p.exists()),
         plugins_dir: args.plugins_dir.clone(),
+        grpc_listen: Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            args.grpc_port,
+        )),
+        spoke_ca: Some(pki.cert_path("ca")),
+        dispatch: args.dispatch.config(),
     };
     let hub = Hub::open(config)?;
     hub.install(hub::default_objects()?).await?;
     let ca_pem = ca.cert_pem().to_string();
     let mut written = Ok(());
+    let server = hub.server.clone();
+    let store = hub.store.clone();
+    let logs = hub.dispatch.log_source();
+    let spokes_dir = dir.join("spokes");
     hub.serve(
-        |addr| {
+        |addrs| {
+            let addr = addrs.api;
+            if let Some(grpc) = addrs.grpc {
+                for (name, issued) in spokes {
+                    let work_dir = spokes_dir.join(&name);
+                    let config = trainhub_spoke::agent::AgentConfig {
+                        heartbeat: std::time::Duration::from_secs(1),
+                        labels: [("trainhub.kubeflow.org/spoke".to_string(), name.clone())].into(),
+                        ..trainhub_spoke::agent::AgentConfig::new(
+                            format!("https://{grpc}"),
+                            ca_pem.clone(),
+                            issued.cert_pem,
+                            issued.key_pem,
+                        )
+                    };
+                    let capacity = capacity.clone();
+                    tokio::spawn(async move {
+                        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                        let backend = match trainhub_spoke::backend::process::ProcessBackend::new(
+                            trainhub_spoke::backend::process::ProcessConfig {
+                                work_dir,
+                                capacity,
+                                path_env: None,
+                            },
+                            tx,
+                        ) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                tracing::error!(spoke = %name, error = %e, "starting a local spoke");
+                                return;
+                            }
+                        };
+                        trainhub_spoke::agent::run(config, backend, rx, std::future::pending()).await;
+                    });
+                }
+            }
+            if !to_apply.is_empty() {
+                tokio::spawn(apply_and_follow(server, store, logs, to_apply));
+            }
             written = Kubeconfig::write(
                 &kubeconfig,
                 &KubeconfigParams {
@@ -108,6 +181,107 @@ pub async fn run(
     )
     .await?;
     written
+}
+
+/// Submits `objects` as the admin would, prints each TrainJob's progress,
+/// and, once it finished, the log of each of its pods.
+async fn apply_and_follow(
+    server: std::sync::Arc<trainhub_apiserver::server::Server>,
+    store: std::sync::Arc<dyn trainhub_apiserver::store::Store>,
+    logs: std::sync::Arc<dyn trainhub_apiserver::server::LogSource>,
+    objects: Vec<serde_json::Value>,
+) {
+    use futures_util::StreamExt;
+    use trainhub_apiserver::store::Key;
+    let mut jobs = Vec::new();
+    for mut object in objects {
+        if object["metadata"]["namespace"].is_null() {
+            object["metadata"]["namespace"] = "default".into();
+        }
+        let kind = object["kind"].as_str().unwrap_or_default().to_string();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let namespace = object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match server.create_object(object).await {
+            Ok(_) => println!("{kind}/{name} created"),
+            Err(e) if e.code == 409 => println!("{kind}/{name} exists"),
+            Err(e) => {
+                println!("{kind}/{name}: {}", e.message);
+                continue;
+            }
+        }
+        if kind == "TrainJob" {
+            jobs.push((namespace, name));
+        }
+    }
+    for (namespace, name) in jobs {
+        let key = Key::new(crate::api::TRAINJOBS, Some(&namespace), &name);
+        let mut last = String::new();
+        let finished = loop {
+            let Some(object) = store.get(&key) else {
+                break None;
+            };
+            let status = &object.value["status"];
+            let state = ["Complete", "Failed"]
+                .into_iter()
+                .find(|t| crate::controller::lifecycle::is_true(status, t));
+            let (pods, _) = store.list(crate::api::PODS, Some(&namespace));
+            let mine: Vec<_> = pods
+                .iter()
+                .filter(|p| {
+                    p.value["metadata"]["labels"][trainhub_api::constants::LABEL_JOBSET_NAME]
+                        == name.as_str()
+                })
+                .collect();
+            let phases: Vec<String> = mine
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}={}",
+                        p.key.name,
+                        p.value["status"]["phase"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            let line = format!(
+                "trainjob/{name}: {} {}",
+                state.unwrap_or(if mine.is_empty() { "Queued" } else { "Running" }),
+                phases.join(" ")
+            );
+            if line != last {
+                println!("{line}");
+                last = line;
+            }
+            if state.is_some() {
+                break Some(
+                    mine.into_iter()
+                        .map(|p| p.value.clone())
+                        .collect::<Vec<_>>(),
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        };
+        for pod in finished.unwrap_or_default() {
+            let pod_name = pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            println!("--- logs of pod {pod_name} ---");
+            match logs.logs(&pod, None, false, None).await {
+                Ok(mut stream) => {
+                    while let Some(Ok(chunk)) = stream.next().await {
+                        print!("{}", String::from_utf8_lossy(&chunk));
+                    }
+                }
+                Err(e) => println!("(no logs: {})", e.message),
+            }
+        }
+    }
 }
 
 /// The admin token of the dev hub, created on first start (`tokens.csv`).

@@ -14,6 +14,8 @@ use trainhub_apiserver::server::Server;
 use trainhub_apiserver::store::{RedbStore, Store};
 
 use crate::admission::TrainerAdmission;
+use crate::dispatch::{Dispatch, DispatchConfig};
+use crate::grpc::{self, GrpcTls};
 use crate::plugins::registry::Registry;
 use crate::plugins::{Host, HostConfig};
 use crate::{api, builtin, controller, render};
@@ -40,6 +42,19 @@ pub struct Config {
     pub policy_file: Option<PathBuf>,
     /// Custom plugins (`NAME.wasm` + optional `NAME.yaml`), hot-reloaded.
     pub plugins_dir: Option<PathBuf>,
+    /// The spokes' gRPC endpoint (mutual TLS, served with the same
+    /// certificate as the API); None: no spokes.
+    pub grpc_listen: Option<SocketAddr>,
+    /// CA whose certificates identify spokes (`trainctl certs spoke`).
+    pub spoke_ca: Option<PathBuf>,
+    pub dispatch: DispatchConfig,
+}
+
+/// Where a serving hub listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Addrs {
+    pub api: SocketAddr,
+    pub grpc: Option<SocketAddr>,
 }
 
 /// A hub, opened and ready to serve.
@@ -47,6 +62,7 @@ pub struct Hub {
     pub store: Arc<dyn Store>,
     pub plugins: Arc<Registry>,
     pub server: Arc<Server>,
+    pub dispatch: Arc<Dispatch>,
     config: Config,
 }
 
@@ -87,11 +103,16 @@ impl Hub {
                 .with_context(|| format!("reading the policy file {}", path.display()))?,
             None => Policy::default(),
         };
+        let admission = Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()));
+        let dispatch = Dispatch::new(
+            store.clone(),
+            admission.clone(),
+            plugins.clone(),
+            config.dispatch,
+        );
         let mut builder = Server::builder(store.clone())
-            .admission(Arc::new(TrainerAdmission::new(
-                store.clone(),
-                plugins.clone(),
-            )))
+            .admission(admission)
+            .logs(dispatch.log_source())
             .authenticator(Arc::new(Authenticator::new(
                 tokens,
                 config.client_ca.is_some(),
@@ -104,6 +125,7 @@ impl Hub {
             store,
             plugins,
             server: builder.build(),
+            dispatch,
             config,
         })
     }
@@ -129,7 +151,7 @@ impl Hub {
     /// `ready` is called once the listener accepts connections.
     pub async fn serve(
         self,
-        ready: impl FnOnce(SocketAddr),
+        ready: impl FnOnce(Addrs),
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
         let read = |p: &PathBuf| {
@@ -148,7 +170,38 @@ impl Hub {
             self.store.clone(),
             wait(stop_rx.clone()),
         ));
-        ready(addr);
+        let dispatch = tokio::spawn(self.dispatch.clone().run(wait(stop_rx.clone())));
+        let mut grpc_addr = None;
+        let grpc = match self.config.grpc_listen {
+            Some(listen) => {
+                let spoke_ca = self
+                    .config
+                    .spoke_ca
+                    .as_ref()
+                    .context("the gRPC endpoint needs the spokes' CA (spoke_ca)")?;
+                let tls = GrpcTls {
+                    cert_pem: cert.clone(),
+                    key_pem: key.clone(),
+                    client_ca_pem: read(spoke_ca)?,
+                };
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("listening on {listen} (gRPC)"))?;
+                grpc_addr = Some(listener.local_addr()?);
+                let dispatch = self.dispatch.clone();
+                let stop = wait(stop_rx.clone());
+                Some(tokio::spawn(async move {
+                    if let Err(e) = grpc::serve(listener, &tls, dispatch, stop).await {
+                        tracing::error!(error = %e, "the spokes' gRPC endpoint failed");
+                    }
+                }))
+            }
+            None => None,
+        };
+        ready(Addrs {
+            api: addr,
+            grpc: grpc_addr,
+        });
         tracing::info!(%addr, "serving the Kubernetes API");
         let router = self.server.router();
         let stop = async move {
@@ -157,6 +210,10 @@ impl Hub {
         };
         trainhub_apiserver::tls::serve(listener, tls, router, stop).await;
         let _ = lifecycle.await;
+        let _ = dispatch.await;
+        if let Some(grpc) = grpc {
+            let _ = grpc.await;
+        }
         Ok(())
     }
 }

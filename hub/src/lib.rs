@@ -12,6 +12,8 @@ pub mod builtin;
 pub mod controller;
 pub mod ctl;
 pub mod dev;
+pub mod dispatch;
+pub mod grpc;
 pub mod hub;
 pub mod logging;
 pub mod plugins;

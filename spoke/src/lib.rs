@@ -7,5 +7,8 @@
 //! - [`backend`]: the interface between the agent and what runs the work,
 //!   and its implementations ([`backend::process`], the embedded default:
 //!   every pod of the built JobSet is a local process).
+//! - [`cli`]: the `trainspoke` command line.
 
+pub mod agent;
 pub mod backend;
+pub mod cli;

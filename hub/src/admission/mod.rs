@@ -264,6 +264,20 @@ impl TrainerAdmission {
         }
     }
 
+    /// The runtime a stored TrainJob refers to, defaulted as admission
+    /// reads it (for dispatch and status mapping).
+    pub fn runtime_of(&self, job: &TrainJob) -> Result<sdk::Runtime, String> {
+        let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+        let key = trainjob::runtime_key(&job.spec.runtime_ref, namespace)
+            .map_err(|e| format!("{}: {}", e.field, e.detail))?;
+        let stored = self
+            .store
+            .get(&key)
+            .ok_or_else(|| format!("{key} not found"))?;
+        self.read_runtime(&key, &stored.value)
+            .map_err(|e| e.message)
+    }
+
     /// A stored runtime with the schema's defaults applied, as an informer
     /// would hand it to upstream's controller.
     fn read_runtime(&self, key: &Key, stored: &Value) -> Result<sdk::Runtime, ApiError> {

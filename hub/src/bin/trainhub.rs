@@ -58,6 +58,14 @@ struct ServeArgs {
     /// Custom plugins directory, hot-reloaded.
     #[arg(long)]
     plugins_dir: Option<PathBuf>,
+    /// The spokes' gRPC endpoint (mutual TLS with the serving certificate).
+    #[arg(long)]
+    grpc_listen: Option<SocketAddr>,
+    /// CA that signs spoke certificates (`trainctl certs spoke`).
+    #[arg(long)]
+    spoke_ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    dispatch: trainhub::dispatch::DispatchArgs,
 }
 
 fn main() -> ExitCode {
@@ -86,6 +94,9 @@ fn main() -> ExitCode {
                     token_file: args.token_auth_file,
                     policy_file: args.authorization_policy_file,
                     plugins_dir: args.plugins_dir,
+                    grpc_listen: args.grpc_listen,
+                    spoke_ca: args.spoke_ca_file,
+                    dispatch: args.dispatch.config(),
                 })?;
                 hub.serve(|_| {}, shutdown_signal()).await
             }

@@ -25,19 +25,19 @@ pub struct Decision {
     pub requeue_at: Option<Timestamp>,
 }
 
-fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+pub(crate) fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
     status["conditions"]
         .as_array()?
         .iter()
         .find(|c| c["type"] == type_)
 }
 
-fn is_true(status: &Value, type_: &str) -> bool {
+pub(crate) fn is_true(status: &Value, type_: &str) -> bool {
     condition(status, type_).is_some_and(|c| c["status"] == "True")
 }
 
 /// Sets a condition; the transition time moves only when its status does.
-fn set_condition(
+pub(crate) fn set_condition(
     status: &mut Value,
     type_: &str,
     state: &str,

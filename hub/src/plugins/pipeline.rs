@@ -332,23 +332,7 @@ impl Pipeline {
         target: &Target,
     ) -> Result<Rendered, PipelineError> {
         let job_json = to_json("TrainJob", job)?;
-        let mut info = sdk::info::new_runtime_info(job, runtime).map_err(PipelineError::Invalid)?;
-        if self
-            .ml
-            .descriptor()
-            .capabilities
-            .contains(Capabilities::ENFORCE_ML_POLICY)
-        {
-            info = self.ml.enforce_ml_policy(info, &job_json)?;
-        }
-        if let Some(pg) = &self.pod_group
-            && pg
-                .descriptor()
-                .capabilities
-                .contains(Capabilities::ENFORCE_POD_GROUP_POLICY)
-        {
-            info = pg.enforce_pod_group_policy(info, &job_json)?;
-        }
+        let info = self.enforce_with(job, &job_json, runtime)?;
         let mut objects = Vec::new();
         for plugin in self.applicable() {
             if !plugin
@@ -363,6 +347,38 @@ impl Pipeline {
             }
         }
         Ok(Rendered { info, objects })
+    }
+
+    /// The runtime info after the ML and pod-group policies: pod sets with
+    /// their final counts and per-pod requests (what dispatch offers).
+    pub fn enforce(&self, job: &TrainJob, runtime: &Runtime) -> Result<RuntimeInfo, PipelineError> {
+        self.enforce_with(job, &to_json("TrainJob", job)?, runtime)
+    }
+
+    fn enforce_with(
+        &self,
+        job: &TrainJob,
+        job_json: &str,
+        runtime: &Runtime,
+    ) -> Result<RuntimeInfo, PipelineError> {
+        let mut info = sdk::info::new_runtime_info(job, runtime).map_err(PipelineError::Invalid)?;
+        if self
+            .ml
+            .descriptor()
+            .capabilities
+            .contains(Capabilities::ENFORCE_ML_POLICY)
+        {
+            info = self.ml.enforce_ml_policy(info, job_json)?;
+        }
+        if let Some(pg) = &self.pod_group
+            && pg
+                .descriptor()
+                .capabilities
+                .contains(Capabilities::ENFORCE_POD_GROUP_POLICY)
+        {
+            info = pg.enforce_pod_group_policy(info, job_json)?;
+        }
+        Ok(info)
     }
 
     /// PostExecution: the TrainJob status for an observed JobSet status.

@@ -20,7 +20,7 @@ use axum::Router;
 use axum::routing::get;
 use serde_json::Value;
 
-pub use self::request::LogSource;
+pub use self::request::{ByteStream, LogSource};
 use crate::admission::{self, Admission};
 use crate::auth::{self, Authenticator, Authorizer};
 use crate::patch::{BuiltinListKeys, ListKeys, SchemaListKeys};

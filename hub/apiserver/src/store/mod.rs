@@ -94,12 +94,21 @@ pub enum Op {
     },
     /// As `Update`, then removes the object.
     Delete { key: Key, expected: Option<Rv> },
+    /// Creates or replaces, whatever is there: for a controller that is the
+    /// only writer of its keys.
+    Put { key: Key, value: Value },
+    /// Deletes if present; absent is not an error.
+    Remove { key: Key },
 }
 
 impl Op {
     pub fn key(&self) -> &Key {
         match self {
-            Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => key,
+            Op::Create { key, .. }
+            | Op::Update { key, .. }
+            | Op::Delete { key, .. }
+            | Op::Put { key, .. }
+            | Op::Remove { key } => key,
         }
     }
 }

@@ -313,8 +313,27 @@ fn stage(
                 _ => Ok(current),
             }
         };
+        if matches!(op, Op::Remove { .. }) && current.is_none() {
+            continue;
+        }
         next += 1;
         let (kind, object) = match op {
+            Op::Put { value, .. } => {
+                let mut value = value.clone();
+                set_rv(&mut value, next);
+                (
+                    if current.is_some() {
+                        EventType::Modified
+                    } else {
+                        EventType::Added
+                    },
+                    Object {
+                        key: key.clone(),
+                        rv: next,
+                        value: Arc::new(value),
+                    },
+                )
+            }
             Op::Create { value, .. } => {
                 if current.is_some() {
                     return Err(StoreError::AlreadyExists(key));
@@ -345,8 +364,12 @@ fn stage(
                     },
                 )
             }
-            Op::Delete { expected, .. } => {
-                let current = check(expected)?;
+            Op::Delete { .. } | Op::Remove { .. } => {
+                let expected = match op {
+                    Op::Delete { expected, .. } => *expected,
+                    _ => None,
+                };
+                let current = check(&expected)?;
                 let mut value = (*current.value).clone();
                 set_rv(&mut value, next);
                 (

@@ -1,0 +1,1242 @@
+//! Dispatch decisions as a pure state machine: events in, [`Action`]s out,
+//! no I/O and no clock (time is passed in), so every rule is unit-tested.
+//!
+//! The semantics are MultiKueue's: a queued TrainJob is offered to the
+//! eligible spokes (all at once, or a few more every round); the first
+//! spoke to admit wins, the placement is committed to the store before the
+//! winner is told to start, and every other offer is withdrawn. A spoke
+//! that stays disconnected for `worker_lost_timeout` is given up and its
+//! runs requeued under a new generation; if it comes back, the runs it still
+//! holds are stale and stopped, so a TrainJob never runs on two spokes.
+//!
+//! Every run is named by `(run_id, generation)`: the TrainJob's uid and the
+//! number of its placement. Offers, starts and stops carry both; answers
+//! and reports about another generation than the current one are stale.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::Value;
+use trainhub_apiserver::selector::LabelSelector;
+
+/// Milliseconds on a monotonic clock chosen by the caller.
+pub type Millis = u64;
+
+/// Resource name → milli-units.
+pub type Resources = BTreeMap<String, i64>;
+
+/// A TrainJob, by namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for JobKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// `count` pods, each requesting `requests_milli`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSetDemand {
+    pub name: String,
+    pub count: u32,
+    pub requests_milli: Resources,
+}
+
+/// What the whole gang requests.
+pub fn gang_total(pod_sets: &[PodSetDemand]) -> Resources {
+    let mut total = Resources::new();
+    for set in pod_sets {
+        for (resource, milli) in &set.requests_milli {
+            *total.entry(resource.clone()).or_default() +=
+                milli.saturating_mul(i64::from(set.count));
+        }
+    }
+    total
+}
+
+/// What the TrainJob asks of dispatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Want {
+    /// Queued or running.
+    Run,
+    /// `spec.suspend`: not dispatched; a placed run is stopped.
+    Suspend,
+    /// Complete or Failed: the run stays on its spoke (its pods and logs
+    /// remain readable) until the TrainJob is deleted.
+    Finished,
+}
+
+/// A TrainJob as dispatch sees it.
+#[derive(Debug, Clone)]
+pub struct JobInfo {
+    pub key: JobKey,
+    pub uid: String,
+    /// Higher first.
+    pub priority: i32,
+    /// Creation time (any monotonic order, e.g. Unix milliseconds).
+    pub created: i64,
+    /// Spokes whose labels match may take it; None: every spoke.
+    pub selector: Option<LabelSelector>,
+    pub pod_sets: Vec<PodSetDemand>,
+    pub want: Want,
+}
+
+/// The committed placement of a TrainJob, as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The spoke running generation `generation`; None: not placed.
+    pub spoke: Option<String>,
+    pub generation: i64,
+}
+
+/// How queued TrainJobs are offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Offer to every eligible spoke at once (MultiKueue's default).
+    AllAtOnce,
+    /// Offer to `step` more eligible spokes every `round_ms`.
+    Incremental { step: usize, round_ms: Millis },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Config {
+    pub mode: Mode,
+    /// A disconnected spoke is given up after this long, its runs requeued.
+    pub worker_lost_timeout_ms: Millis,
+    /// A spoke that refused an offer is asked again after this long (or as
+    /// soon as its free capacity grows).
+    pub retry_ms: Millis,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mode: Mode::AllAtOnce,
+            worker_lost_timeout_ms: 15 * 60 * 1000,
+            retry_ms: 10_000,
+        }
+    }
+}
+
+/// Something for the runner to do. Sends are best effort (a lost message is
+/// repaired by the next hello); commits are acknowledged with
+/// [`Dispatcher::committed`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Offer {
+        spoke: String,
+        job: JobKey,
+        run_id: String,
+        generation: i64,
+        pod_sets: Vec<PodSetDemand>,
+    },
+    Withdraw {
+        spoke: String,
+        run_id: String,
+        generation: i64,
+    },
+    /// Persist the placement; answer with [`Dispatcher::committed`].
+    Commit { job: JobKey, placement: Placement },
+    /// Remove the placement of a TrainJob that is gone.
+    Forget { job: JobKey },
+    /// Build the objects for `spoke` and send them.
+    Start {
+        spoke: String,
+        job: JobKey,
+        run_id: String,
+        generation: i64,
+    },
+    Stop {
+        spoke: String,
+        run_id: String,
+        generation: i64,
+        reason: &'static str,
+    },
+}
+
+/// Whether a spoke's report about a run is taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The run is the TrainJob's current placement on this spoke.
+    Accept(JobKey),
+    /// A run this spoke holds but that is no longer placed there (an older
+    /// generation, or a TrainJob that is gone): ignore it; it is stopped.
+    Stale,
+    /// The spoke reports on a run that was never placed on it: refuse.
+    Foreign,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OfferState {
+    Pending,
+    Refused { at: Millis },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Not wanted to run and not placed.
+    Idle,
+    /// Waiting for a spoke to admit it.
+    Queued {
+        offers: BTreeMap<String, OfferState>,
+        /// Incremental: when the current round began and how many spokes
+        /// may be nominated so far.
+        round_started: Millis,
+        quota: usize,
+    },
+    /// A spoke admitted; the placement is being written.
+    Committing { spoke: String },
+    /// Placed and (being) started.
+    Placed { spoke: String },
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    info: JobInfo,
+    generation: i64,
+    phase: Phase,
+}
+
+impl Job {
+    fn queue_key(&self) -> QueueKey {
+        (
+            Reverse(self.info.priority),
+            self.info.created,
+            self.info.key.clone(),
+        )
+    }
+
+    fn placed_on(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Placed { spoke } | Phase::Committing { spoke } => Some(spoke),
+            _ => None,
+        }
+    }
+}
+
+type QueueKey = (Reverse<i32>, i64, JobKey);
+
+#[derive(Debug, Clone)]
+struct Spoke {
+    labels: Value,
+    allocatable: Resources,
+    free: Resources,
+    /// None while connected.
+    disconnected_at: Option<Millis>,
+}
+
+impl Spoke {
+    fn could_ever_fit(&self, demand: &Resources) -> bool {
+        demand
+            .iter()
+            .all(|(r, m)| *m <= 0 || self.allocatable.get(r).is_some_and(|a| a >= m))
+    }
+
+    fn fits_now(&self, demand: &Resources) -> bool {
+        demand
+            .iter()
+            .all(|(r, m)| *m <= 0 || self.free.get(r).is_some_and(|f| f >= m))
+    }
+}
+
+/// The dispatcher's state. Feed it events; carry out the actions it returns.
+#[derive(Debug)]
+pub struct Dispatcher {
+    config: Config,
+    jobs: HashMap<JobKey, Job>,
+    by_uid: HashMap<String, JobKey>,
+    /// Queued jobs in dispatch order.
+    queue: BTreeSet<QueueKey>,
+    spokes: BTreeMap<String, Spoke>,
+}
+
+impl Dispatcher {
+    pub fn new(config: Config) -> Self {
+        Dispatcher {
+            config,
+            jobs: HashMap::new(),
+            by_uid: HashMap::new(),
+            queue: BTreeSet::new(),
+            spokes: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Queued TrainJobs.
+    pub fn queue_depth(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Connected spokes.
+    pub fn connected_spokes(&self) -> usize {
+        self.spokes
+            .values()
+            .filter(|s| s.disconnected_at.is_none())
+            .count()
+    }
+
+    /// The spoke a TrainJob is placed on, with the generation.
+    pub fn placement(&self, key: &JobKey) -> Option<(&str, i64)> {
+        let job = self.jobs.get(key)?;
+        job.placed_on().map(|s| (s, job.generation))
+    }
+
+    /// A TrainJob appeared or changed. `placement` is what the store holds,
+    /// given when the job is first seen (at start-up, after a restart).
+    pub fn upsert_job(
+        &mut self,
+        info: JobInfo,
+        placement: Option<Placement>,
+        now: Millis,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let key = info.key.clone();
+        let job = match self.jobs.get_mut(&key) {
+            Some(job) if job.info.uid == info.uid => {
+                self.queue.remove(&job.queue_key());
+                job.info = info;
+                job
+            }
+            existing => {
+                if let Some(old) = existing.map(|j| j.info.uid.clone()) {
+                    // Same name, new object: the old one is gone.
+                    actions.extend(self.remove_job(&key));
+                    self.by_uid.remove(&old);
+                }
+                let (generation, phase) = match placement {
+                    Some(Placement {
+                        spoke: Some(spoke),
+                        generation,
+                    }) => (generation, Phase::Placed { spoke }),
+                    Some(Placement {
+                        spoke: None,
+                        generation,
+                    }) => (generation, Phase::Idle),
+                    None => (0, Phase::Idle),
+                };
+                self.by_uid.insert(info.uid.clone(), key.clone());
+                self.jobs.entry(key.clone()).or_insert(Job {
+                    info,
+                    generation,
+                    phase,
+                })
+            }
+        };
+        match (job.info.want, &job.phase) {
+            (Want::Run, Phase::Idle) => {
+                job.generation += 1;
+                job.phase = Phase::Queued {
+                    offers: BTreeMap::new(),
+                    round_started: now,
+                    quota: initial_quota(self.config.mode),
+                };
+            }
+            (Want::Suspend, Phase::Queued { offers, .. }) => {
+                for spoke in offers.keys() {
+                    actions.push(Action::Withdraw {
+                        spoke: spoke.clone(),
+                        run_id: job.info.uid.clone(),
+                        generation: job.generation,
+                    });
+                }
+                job.phase = Phase::Idle;
+            }
+            (Want::Suspend, Phase::Placed { spoke }) => {
+                actions.push(Action::Stop {
+                    spoke: spoke.clone(),
+                    run_id: job.info.uid.clone(),
+                    generation: job.generation,
+                    reason: "suspended",
+                });
+                actions.push(Action::Commit {
+                    job: key.clone(),
+                    placement: Placement {
+                        spoke: None,
+                        generation: job.generation,
+                    },
+                });
+                job.phase = Phase::Idle;
+            }
+            (Want::Finished, Phase::Queued { offers, .. }) => {
+                for spoke in offers.keys() {
+                    actions.push(Action::Withdraw {
+                        spoke: spoke.clone(),
+                        run_id: job.info.uid.clone(),
+                        generation: job.generation,
+                    });
+                }
+                job.phase = Phase::Idle;
+            }
+            // Committing: `committed` decides once the write is done.
+            _ => {}
+        }
+        if matches!(job.phase, Phase::Queued { .. }) {
+            self.queue.insert(job.queue_key());
+            actions.extend(self.nominate(&key, now));
+        }
+        actions
+    }
+
+    /// A TrainJob is gone: its run is cancelled and its placement forgotten.
+    pub fn remove_job(&mut self, key: &JobKey) -> Vec<Action> {
+        let Some(job) = self.jobs.remove(key) else {
+            return Vec::new();
+        };
+        self.by_uid.remove(&job.info.uid);
+        self.queue.remove(&job.queue_key());
+        let mut actions = Vec::new();
+        let run_id = job.info.uid.clone();
+        match job.phase {
+            Phase::Queued { offers, .. } => {
+                for spoke in offers.into_keys() {
+                    actions.push(Action::Withdraw {
+                        spoke,
+                        run_id: run_id.clone(),
+                        generation: job.generation,
+                    });
+                }
+            }
+            Phase::Placed { spoke } | Phase::Committing { spoke } => {
+                actions.push(Action::Stop {
+                    spoke,
+                    run_id,
+                    generation: job.generation,
+                    reason: "deleted",
+                });
+            }
+            Phase::Idle => {}
+        }
+        actions.push(Action::Forget { job: key.clone() });
+        actions
+    }
+
+    /// A spoke (re)connected and listed the runs it holds: every run that
+    /// is not its current placement is stopped; a placement it lost is
+    /// started again; queued jobs are offered.
+    pub fn spoke_connected(
+        &mut self,
+        name: &str,
+        labels: Value,
+        capacity: Vec<(String, i64, i64)>,
+        held: &[(String, i64)],
+        now: Millis,
+    ) -> Vec<Action> {
+        let (allocatable, free) = split_capacity(capacity);
+        self.spokes.insert(
+            name.to_string(),
+            Spoke {
+                labels,
+                allocatable,
+                free,
+                disconnected_at: None,
+            },
+        );
+        let mut actions = Vec::new();
+        let mut holds_current = BTreeSet::new();
+        for (run_id, generation) in held {
+            match self.check_run(name, run_id, *generation) {
+                Verdict::Accept(key) => {
+                    holds_current.insert(key);
+                }
+                Verdict::Stale | Verdict::Foreign => actions.push(Action::Stop {
+                    spoke: name.to_string(),
+                    run_id: run_id.clone(),
+                    generation: *generation,
+                    reason: "not placed on this spoke",
+                }),
+            }
+        }
+        for job in self.jobs.values() {
+            if let Phase::Placed { spoke } = &job.phase
+                && spoke == name
+                && job.info.want == Want::Run
+                && !holds_current.contains(&job.info.key)
+            {
+                actions.push(Action::Start {
+                    spoke: name.to_string(),
+                    job: job.info.key.clone(),
+                    run_id: job.info.uid.clone(),
+                    generation: job.generation,
+                });
+            }
+        }
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+
+    /// A heartbeat: new capacity. Growing free capacity clears the spoke's
+    /// refusals and offers queued jobs again.
+    pub fn spoke_heartbeat(
+        &mut self,
+        name: &str,
+        capacity: Vec<(String, i64, i64)>,
+        now: Millis,
+    ) -> Vec<Action> {
+        let Some(spoke) = self.spokes.get_mut(name) else {
+            return Vec::new();
+        };
+        let (allocatable, free) = split_capacity(capacity);
+        let grew = free
+            .iter()
+            .any(|(r, f)| spoke.free.get(r).is_none_or(|old| f > old));
+        spoke.allocatable = allocatable;
+        spoke.free = free;
+        if !grew {
+            return Vec::new();
+        }
+        for job in self.jobs.values_mut() {
+            if let Phase::Queued { offers, .. } = &mut job.phase
+                && matches!(offers.get(name), Some(OfferState::Refused { .. }))
+            {
+                offers.remove(name);
+            }
+        }
+        self.dispatch_all(now)
+    }
+
+    /// The spoke's stream ended. Its pending offers count as refused; its
+    /// runs stay placed until `worker_lost_timeout` passes.
+    pub fn spoke_disconnected(&mut self, name: &str, now: Millis) -> Vec<Action> {
+        if let Some(spoke) = self.spokes.get_mut(name) {
+            spoke.disconnected_at = Some(now);
+        }
+        let mut requeue = Vec::new();
+        for job in self.jobs.values_mut() {
+            if let Phase::Queued { offers, .. } = &mut job.phase
+                && offers.remove(name).is_some()
+            {
+                requeue.push(job.info.key.clone());
+            }
+        }
+        let mut actions = Vec::new();
+        for key in requeue {
+            actions.extend(self.nominate(&key, now));
+        }
+        actions
+    }
+
+    /// A spoke answered an offer.
+    pub fn admit_answer(
+        &mut self,
+        spoke: &str,
+        run_id: &str,
+        generation: i64,
+        admitted: bool,
+        now: Millis,
+    ) -> Vec<Action> {
+        let withdraw = || Action::Withdraw {
+            spoke: spoke.to_string(),
+            run_id: run_id.to_string(),
+            generation,
+        };
+        let Some(key) = self.by_uid.get(run_id).cloned() else {
+            return if admitted {
+                vec![withdraw()]
+            } else {
+                Vec::new()
+            };
+        };
+        let Some(job) = self.jobs.get_mut(&key) else {
+            return Vec::new();
+        };
+        let current = job.generation == generation;
+        let Phase::Queued { offers, .. } = &mut job.phase else {
+            // Already won elsewhere, or no longer wanted.
+            return if admitted && job.placed_on() != Some(spoke) || !current && admitted {
+                vec![withdraw()]
+            } else {
+                Vec::new()
+            };
+        };
+        if !current || !offers.contains_key(spoke) {
+            return if admitted {
+                vec![withdraw()]
+            } else {
+                Vec::new()
+            };
+        }
+        if !admitted {
+            offers.insert(spoke.to_string(), OfferState::Refused { at: now });
+            return self.nominate(&key, now);
+        }
+        // The first admission wins: commit it before anyone is told.
+        let mut actions: Vec<Action> = offers
+            .keys()
+            .filter(|s| s.as_str() != spoke)
+            .map(|s| Action::Withdraw {
+                spoke: s.clone(),
+                run_id: run_id.to_string(),
+                generation,
+            })
+            .collect();
+        let queue_key = job.queue_key();
+        job.phase = Phase::Committing {
+            spoke: spoke.to_string(),
+        };
+        self.queue.remove(&queue_key);
+        actions.push(Action::Commit {
+            job: key,
+            placement: Placement {
+                spoke: Some(spoke.to_string()),
+                generation,
+            },
+        });
+        actions
+    }
+
+    /// The store answered a [`Action::Commit`] of a placement on a spoke.
+    /// On success the winner is told to start; on failure the TrainJob goes
+    /// back to the queue (the winner's reservation is withdrawn).
+    pub fn committed(
+        &mut self,
+        key: &JobKey,
+        placement: &Placement,
+        ok: bool,
+        now: Millis,
+    ) -> Vec<Action> {
+        let Some(spoke) = placement.spoke.clone() else {
+            return Vec::new();
+        };
+        let Some(job) = self.jobs.get_mut(key) else {
+            // Deleted meanwhile: `remove_job` stopped the run.
+            return Vec::new();
+        };
+        if job.generation != placement.generation
+            || job.phase
+                != (Phase::Committing {
+                    spoke: spoke.clone(),
+                })
+        {
+            return Vec::new();
+        }
+        let run_id = job.info.uid.clone();
+        if !ok {
+            job.phase = Phase::Queued {
+                offers: BTreeMap::new(),
+                round_started: now,
+                quota: initial_quota(self.config.mode),
+            };
+            self.queue.insert(job.queue_key());
+            let mut actions = vec![Action::Withdraw {
+                spoke,
+                run_id,
+                generation: placement.generation,
+            }];
+            actions.extend(self.nominate(key, now));
+            return actions;
+        }
+        job.phase = Phase::Placed {
+            spoke: spoke.clone(),
+        };
+        match job.info.want {
+            Want::Run => vec![Action::Start {
+                spoke,
+                job: key.clone(),
+                run_id,
+                generation: placement.generation,
+            }],
+            // Suspended or finished while the write was in flight.
+            Want::Suspend | Want::Finished => {
+                let generation = job.generation;
+                job.phase = Phase::Idle;
+                vec![
+                    Action::Stop {
+                        spoke,
+                        run_id,
+                        generation,
+                        reason: "suspended",
+                    },
+                    Action::Commit {
+                        job: key.clone(),
+                        placement: Placement {
+                            spoke: None,
+                            generation,
+                        },
+                    },
+                ]
+            }
+        }
+    }
+
+    /// Whether `spoke` may report on run `(run_id, generation)`.
+    pub fn check_run(&self, spoke: &str, run_id: &str, generation: i64) -> Verdict {
+        let Some(job) = self.by_uid.get(run_id).and_then(|k| self.jobs.get(k)) else {
+            // A TrainJob the hub does not have: an orphan.
+            return Verdict::Stale;
+        };
+        if job.placed_on() == Some(spoke) && job.generation == generation {
+            return Verdict::Accept(job.info.key.clone());
+        }
+        if generation < job.generation || matches!(job.phase, Phase::Idle) {
+            // It was placed here once (an older generation) or not at all;
+            // an older generation is only stale if it could have been here.
+            return Verdict::Stale;
+        }
+        Verdict::Foreign
+    }
+
+    /// Time passes: lost spokes are given up (their runs requeued),
+    /// incremental rounds widen, refusals expire.
+    pub fn tick(&mut self, now: Millis) -> Vec<Action> {
+        let lost: Vec<String> = self
+            .spokes
+            .iter()
+            .filter(|(_, s)| {
+                s.disconnected_at
+                    .is_some_and(|at| now.saturating_sub(at) >= self.config.worker_lost_timeout_ms)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut actions = Vec::new();
+        for name in &lost {
+            self.spokes.remove(name);
+            for job in self.jobs.values_mut() {
+                let placed_here = matches!(&job.phase, Phase::Placed { spoke } if spoke == name);
+                if placed_here && job.info.want == Want::Run {
+                    job.generation += 1;
+                    job.phase = Phase::Queued {
+                        offers: BTreeMap::new(),
+                        round_started: now,
+                        quota: initial_quota(self.config.mode),
+                    };
+                    self.queue.insert(job.queue_key());
+                    actions.push(Action::Commit {
+                        job: job.info.key.clone(),
+                        placement: Placement {
+                            spoke: None,
+                            generation: job.generation,
+                        },
+                    });
+                }
+            }
+        }
+        let retry_ms = self.config.retry_ms;
+        for job in self.jobs.values_mut() {
+            if let Phase::Queued {
+                offers,
+                round_started,
+                quota,
+            } = &mut job.phase
+            {
+                offers.retain(|_, state| match state {
+                    OfferState::Refused { at } => now.saturating_sub(*at) < retry_ms,
+                    OfferState::Pending => true,
+                });
+                if let Mode::Incremental { step, round_ms } = self.config.mode
+                    && now.saturating_sub(*round_started) >= round_ms
+                {
+                    *round_started = now;
+                    *quota = quota.saturating_add(step);
+                }
+            }
+        }
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+
+    /// Offers every queued job, in queue order, to the spokes it may go to.
+    fn dispatch_all(&mut self, now: Millis) -> Vec<Action> {
+        let keys: Vec<JobKey> = self.queue.iter().map(|(_, _, k)| k.clone()).collect();
+        let mut actions = Vec::new();
+        for key in keys {
+            actions.extend(self.nominate(&key, now));
+        }
+        actions
+    }
+
+    /// Offers one queued job to more spokes, within its quota: connected,
+    /// matching its selector, with room for the whole gang now.
+    fn nominate(&mut self, key: &JobKey, _now: Millis) -> Vec<Action> {
+        let Some(job) = self.jobs.get_mut(key) else {
+            return Vec::new();
+        };
+        let Phase::Queued { offers, quota, .. } = &mut job.phase else {
+            return Vec::new();
+        };
+        let demand = gang_total(&job.info.pod_sets);
+        let mut actions = Vec::new();
+        for (name, spoke) in &self.spokes {
+            if offers.len() >= *quota {
+                break;
+            }
+            if spoke.disconnected_at.is_some()
+                || offers.contains_key(name)
+                || !spoke.could_ever_fit(&demand)
+                || !spoke.fits_now(&demand)
+                || !job
+                    .info
+                    .selector
+                    .as_ref()
+                    .is_none_or(|s| s.matches(Some(&spoke.labels)))
+            {
+                continue;
+            }
+            offers.insert(name.clone(), OfferState::Pending);
+            actions.push(Action::Offer {
+                spoke: name.clone(),
+                job: key.clone(),
+                run_id: job.info.uid.clone(),
+                generation: job.generation,
+                pod_sets: job.info.pod_sets.clone(),
+            });
+        }
+        actions
+    }
+}
+
+fn initial_quota(mode: Mode) -> usize {
+    match mode {
+        Mode::AllAtOnce => usize::MAX,
+        Mode::Incremental { step, .. } => step.max(1),
+    }
+}
+
+fn split_capacity(capacity: Vec<(String, i64, i64)>) -> (Resources, Resources) {
+    let mut allocatable = Resources::new();
+    let mut free = Resources::new();
+    for (resource, alloc, f) in capacity {
+        allocatable.insert(resource.clone(), alloc);
+        free.insert(resource, f);
+    }
+    (allocatable, free)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(name: &str) -> JobKey {
+        JobKey {
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn job(name: &str, cpu: i64, nodes: u32) -> JobInfo {
+        JobInfo {
+            key: key(name),
+            uid: format!("uid-{name}"),
+            priority: 0,
+            created: 0,
+            selector: None,
+            pod_sets: vec![PodSetDemand {
+                name: "node".into(),
+                count: nodes,
+                requests_milli: [("cpu".to_string(), cpu)].into(),
+            }],
+            want: Want::Run,
+        }
+    }
+
+    fn cpu(alloc: i64, free: i64) -> Vec<(String, i64, i64)> {
+        vec![("cpu".into(), alloc, free)]
+    }
+
+    fn offers(actions: &[Action]) -> Vec<(String, String, i64)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Offer {
+                    spoke,
+                    job,
+                    generation,
+                    ..
+                } => Some((spoke.clone(), job.name.clone(), *generation)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn dispatcher(mode: Mode) -> Dispatcher {
+        Dispatcher::new(Config {
+            mode,
+            worker_lost_timeout_ms: 1000,
+            retry_ms: 500,
+        })
+    }
+
+    fn connect(d: &mut Dispatcher, name: &str, labels: Value, free: i64) -> Vec<Action> {
+        d.spoke_connected(name, labels, cpu(8000, free), &[], 0)
+    }
+
+    fn place(d: &mut Dispatcher, name: &str, spoke: &str) -> Vec<Action> {
+        let uid = format!("uid-{name}");
+        let generation = d.jobs[&key(name)].generation;
+        let actions = d.admit_answer(spoke, &uid, generation, true, 0);
+        let placement = Placement {
+            spoke: Some(spoke.into()),
+            generation,
+        };
+        assert!(actions.contains(&Action::Commit {
+            job: key(name),
+            placement: placement.clone()
+        }));
+        let mut all = actions;
+        all.extend(d.committed(&key(name), &placement, true, 0));
+        all
+    }
+
+    #[test]
+    fn all_at_once_offers_every_eligible_spoke_and_the_first_admission_wins() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        for s in ["a", "b", "c"] {
+            connect(&mut d, s, json!({}), 8000);
+        }
+        connect(&mut d, "small", json!({}), 1000);
+        let actions = d.upsert_job(job("j", 2000, 2), None, 0);
+        assert_eq!(
+            offers(&actions),
+            vec![
+                ("a".into(), "j".into(), 1),
+                ("b".into(), "j".into(), 1),
+                ("c".into(), "j".into(), 1)
+            ]
+        );
+        // b admits first: committed before anyone is told, others withdrawn.
+        let actions = d.admit_answer("b", "uid-j", 1, true, 1);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Withdraw {
+                    spoke: "a".into(),
+                    run_id: "uid-j".into(),
+                    generation: 1
+                },
+                Action::Withdraw {
+                    spoke: "c".into(),
+                    run_id: "uid-j".into(),
+                    generation: 1
+                },
+                Action::Commit {
+                    job: key("j"),
+                    placement: Placement {
+                        spoke: Some("b".into()),
+                        generation: 1
+                    }
+                },
+            ]
+        );
+        assert_eq!(d.placement(&key("j")), Some(("b", 1)));
+        // a admits too late: withdrawn.
+        assert_eq!(
+            d.admit_answer("a", "uid-j", 1, true, 2),
+            vec![Action::Withdraw {
+                spoke: "a".into(),
+                run_id: "uid-j".into(),
+                generation: 1
+            }]
+        );
+        let placement = Placement {
+            spoke: Some("b".into()),
+            generation: 1,
+        };
+        assert_eq!(
+            d.committed(&key("j"), &placement, true, 3),
+            vec![Action::Start {
+                spoke: "b".into(),
+                job: key("j"),
+                run_id: "uid-j".into(),
+                generation: 1
+            }]
+        );
+        assert_eq!(d.queue_depth(), 0);
+        // Duplicate commit acknowledgement: nothing more.
+        assert!(d.committed(&key("j"), &placement, true, 4).is_empty());
+    }
+
+    #[test]
+    fn incremental_widens_by_step_each_round() {
+        let mut d = dispatcher(Mode::Incremental {
+            step: 2,
+            round_ms: 100,
+        });
+        for s in ["a", "b", "c", "d", "e"] {
+            connect(&mut d, s, json!({}), 8000);
+        }
+        let first = offers(&d.upsert_job(job("j", 1000, 1), None, 0));
+        assert_eq!(first.len(), 2);
+        assert!(offers(&d.tick(50)).is_empty(), "round not over");
+        let second = offers(&d.tick(100));
+        assert_eq!(
+            second.iter().map(|o| o.0.as_str()).collect::<Vec<_>>(),
+            ["c", "d"]
+        );
+    }
+
+    #[test]
+    fn queue_order_is_priority_then_creation_time() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        let mut low = job("low", 1000, 1);
+        low.created = 1;
+        let mut old = job("old", 1000, 1);
+        old.created = 2;
+        old.priority = 5;
+        let mut new = job("new", 1000, 1);
+        new.created = 3;
+        new.priority = 5;
+        for j in [low, new, old] {
+            assert!(d.upsert_job(j, None, 0).is_empty(), "no spoke yet");
+        }
+        let order: Vec<String> = offers(&connect(&mut d, "a", json!({}), 8000))
+            .into_iter()
+            .map(|o| o.1)
+            .collect();
+        assert_eq!(order, ["old", "new", "low"]);
+    }
+
+    #[test]
+    fn selector_and_capacity_decide_eligibility() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "east", json!({"region": "east"}), 8000);
+        connect(&mut d, "west", json!({"region": "west"}), 8000);
+        connect(&mut d, "west-small", json!({"region": "west"}), 1000);
+        let mut j = job("j", 2000, 1);
+        j.selector = Some(LabelSelector::parse("region=west").unwrap());
+        assert_eq!(
+            offers(&d.upsert_job(j, None, 0)),
+            vec![("west".into(), "j".into(), 1)]
+        );
+        // A gang bigger than any spoke is never offered.
+        assert!(offers(&d.upsert_job(job("huge", 5000, 2), None, 0)).is_empty());
+    }
+
+    #[test]
+    fn a_refusal_is_retried_when_capacity_grows_or_after_retry_time() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        assert!(offers(&d.admit_answer("a", "uid-j", 1, false, 10)).is_empty());
+        // Same free capacity: no new offer.
+        assert!(offers(&d.spoke_heartbeat("a", cpu(8000, 8000), 20)).is_empty());
+        assert!(offers(&d.tick(100)).is_empty());
+        // The retry time passed.
+        assert_eq!(offers(&d.tick(600)).len(), 1);
+        d.admit_answer("a", "uid-j", 1, false, 600);
+        // Capacity grew.
+        d.spoke_heartbeat("a", cpu(8000, 4000), 610);
+        assert_eq!(
+            offers(&d.spoke_heartbeat("a", cpu(8000, 6000), 620)).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_lost_spoke_is_given_up_and_its_stale_run_stopped_when_it_returns() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        connect(&mut d, "b", json!({}), 8000);
+        assert!(d.spoke_disconnected("a", 100).is_empty());
+        // Not yet lost: the run stays placed on a.
+        assert!(d.tick(500).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("a", 1)));
+        // Lost: requeued under generation 2 and offered to b.
+        let actions = d.tick(1100);
+        assert!(actions.contains(&Action::Commit {
+            job: key("j"),
+            placement: Placement {
+                spoke: None,
+                generation: 2
+            }
+        }));
+        assert_eq!(offers(&actions), vec![("b".into(), "j".into(), 2)]);
+        place(&mut d, "j", "b");
+        // a returns still holding generation 1: stopped, and its reports refused.
+        let actions = d.spoke_connected(
+            "a",
+            json!({}),
+            cpu(8000, 7000),
+            &[("uid-j".into(), 1)],
+            1200,
+        );
+        assert_eq!(
+            actions,
+            vec![Action::Stop {
+                spoke: "a".into(),
+                run_id: "uid-j".into(),
+                generation: 1,
+                reason: "not placed on this spoke"
+            }]
+        );
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+        assert_eq!(d.check_run("b", "uid-j", 2), Verdict::Accept(key("j")));
+        assert_eq!(d.check_run("a", "uid-j", 2), Verdict::Foreign);
+    }
+
+    #[test]
+    fn reconnect_within_the_timeout_keeps_the_run_and_restarts_a_lost_start() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        d.spoke_disconnected("a", 10);
+        // Back in time, holding the run: nothing to do.
+        assert!(
+            d.spoke_connected("a", json!({}), cpu(8000, 7000), &[("uid-j".into(), 1)], 20)
+                .is_empty()
+        );
+        // Back without it (the start was lost): started again.
+        d.spoke_disconnected("a", 30);
+        assert_eq!(
+            d.spoke_connected("a", json!({}), cpu(8000, 8000), &[], 40),
+            vec![Action::Start {
+                spoke: "a".into(),
+                job: key("j"),
+                run_id: "uid-j".into(),
+                generation: 1
+            }]
+        );
+        assert!(d.tick(5000).is_empty(), "reconnected: never lost");
+    }
+
+    #[test]
+    fn after_a_hub_restart_the_committed_placement_is_kept() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        let placed = Placement {
+            spoke: Some("a".into()),
+            generation: 3,
+        };
+        assert!(d.upsert_job(job("j", 1000, 1), Some(placed), 0).is_empty());
+        connect(&mut d, "b", json!({}), 8000);
+        // Unplaced at generation 3 (requeued before the crash): offered as 4.
+        let unplaced = Placement {
+            spoke: None,
+            generation: 3,
+        };
+        assert_eq!(
+            offers(&d.upsert_job(job("k", 1000, 1), Some(unplaced), 0)),
+            vec![("b".into(), "k".into(), 4)]
+        );
+        assert_eq!(d.placement(&key("j")), Some(("a", 3)));
+    }
+
+    #[test]
+    fn suspend_stops_the_run_and_resume_requeues_under_a_new_generation() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        let mut suspended = job("j", 1000, 1);
+        suspended.want = Want::Suspend;
+        let actions = d.upsert_job(suspended, None, 1);
+        assert_eq!(
+            actions,
+            vec![
+                Action::Stop {
+                    spoke: "a".into(),
+                    run_id: "uid-j".into(),
+                    generation: 1,
+                    reason: "suspended"
+                },
+                Action::Commit {
+                    job: key("j"),
+                    placement: Placement {
+                        spoke: None,
+                        generation: 1
+                    }
+                }
+            ]
+        );
+        assert_eq!(
+            offers(&d.upsert_job(job("j", 1000, 1), None, 2)),
+            vec![("a".into(), "j".into(), 2)]
+        );
+    }
+
+    #[test]
+    fn delete_cancels_the_run_and_forgets_the_placement() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        connect(&mut d, "b", json!({}), 8000);
+        d.upsert_job(job("q", 1000, 1), None, 0);
+        assert_eq!(
+            d.remove_job(&key("q")),
+            vec![
+                Action::Withdraw {
+                    spoke: "a".into(),
+                    run_id: "uid-q".into(),
+                    generation: 1
+                },
+                Action::Withdraw {
+                    spoke: "b".into(),
+                    run_id: "uid-q".into(),
+                    generation: 1
+                },
+                Action::Forget { job: key("q") }
+            ]
+        );
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        assert_eq!(
+            d.remove_job(&key("j")),
+            vec![
+                Action::Stop {
+                    spoke: "a".into(),
+                    run_id: "uid-j".into(),
+                    generation: 1,
+                    reason: "deleted"
+                },
+                Action::Forget { job: key("j") }
+            ]
+        );
+        // Its spoke still reports it: stale, not foreign.
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+    }
+
+    #[test]
+    fn a_failed_commit_requeues_and_withdraws_the_winner() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        d.admit_answer("a", "uid-j", 1, true, 0);
+        let placement = Placement {
+            spoke: Some("a".into()),
+            generation: 1,
+        };
+        let actions = d.committed(&key("j"), &placement, false, 1);
+        assert_eq!(
+            actions[0],
+            Action::Withdraw {
+                spoke: "a".into(),
+                run_id: "uid-j".into(),
+                generation: 1
+            }
+        );
+        assert_eq!(offers(&actions), vec![("a".into(), "j".into(), 1)]);
+    }
+
+    #[test]
+    fn answers_for_unknown_or_old_generations_are_withdrawn() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        assert_eq!(
+            d.admit_answer("a", "nope", 1, true, 0),
+            vec![Action::Withdraw {
+                spoke: "a".into(),
+                run_id: "nope".into(),
+                generation: 1
+            }]
+        );
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        assert_eq!(
+            d.admit_answer("a", "uid-j", 0, true, 0),
+            vec![Action::Withdraw {
+                spoke: "a".into(),
+                run_id: "uid-j".into(),
+                generation: 0
+            }]
+        );
+        // A duplicate refusal changes nothing.
+        assert!(d.admit_answer("a", "uid-j", 1, false, 0).is_empty());
+        assert!(d.admit_answer("a", "uid-j", 1, false, 0).is_empty());
+    }
+}

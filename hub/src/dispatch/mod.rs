@@ -1,0 +1,1156 @@
+//! Dispatch: TrainJobs in the store go to spokes, and what spokes report
+//! comes back as TrainJob status, pods and logs.
+//!
+//! - [`core`]: the decisions, a pure state machine (queue order,
+//!   nomination, first admission wins, lost spokes, stale runs).
+//! - this module: the runner that feeds it from the store and the spoke
+//!   sessions and carries out its actions: placements committed to the
+//!   store (before a winner is told to start), the Build phase for the
+//!   winning spoke, reports mapped by the PostExecution plugins.
+//! - [`crate::grpc`]: the spokes' gRPC sessions.
+//!
+//! TrainJob annotations read here (documented in the README):
+//! `trainhub.kubeflow.org/priority` (an integer, higher first) and
+//! `trainhub.kubeflow.org/spoke-selector` (a label selector over spoke
+//! labels, e.g. `region=eu,gpu.product in (H100,A100)`).
+
+pub mod core;
+
+use std::collections::{BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use trainhub_api::constants::{CONDITION_COMPLETE, CONDITION_FAILED, LABEL_JOBSET_NAME};
+use trainhub_api::jobset::JobSetStatus;
+use trainhub_api::trainer::TrainJob;
+use trainhub_apiserver::selector::LabelSelector;
+use trainhub_apiserver::server::{ByteStream, LogSource};
+use trainhub_apiserver::status::ApiError;
+use trainhub_apiserver::store::{Key, Op, Store, StoreError};
+use trainhub_builtin_plugins::quantity::Quantity;
+use trainhub_plugin_sdk as sdk;
+use trainhub_proto as pb;
+
+use self::core::{Action, Dispatcher, JobInfo, JobKey, Placement, PodSetDemand, Verdict, Want};
+use crate::admission::TrainerAdmission;
+use crate::api::{PODS, TRAINJOBS};
+use crate::controller::lifecycle::{format_time, is_true, set_condition};
+use crate::plugins::Pipeline;
+use crate::plugins::registry::Registry;
+
+/// Where placements are kept: one object per TrainJob, same namespace and
+/// name, `{uid, spoke, generation}`. Not served by the API.
+pub const PLACEMENTS: &str = "trainhub.kubeflow.org/placements";
+pub const ANNOTATION_PRIORITY: &str = "trainhub.kubeflow.org/priority";
+pub const ANNOTATION_SPOKE_SELECTOR: &str = "trainhub.kubeflow.org/spoke-selector";
+/// On pods the hub shows: the spoke that runs them and their run.
+pub const ANNOTATION_SPOKE: &str = "trainhub.kubeflow.org/spoke";
+pub const ANNOTATION_RUN: &str = "trainhub.kubeflow.org/run";
+/// The Failed reason when the Build phase cannot produce the objects.
+pub const REASON_BUILD_FAILED: &str = "BuildFailed";
+
+/// How dispatch behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchConfig {
+    pub core: core::Config,
+    /// How often time-driven decisions are taken.
+    pub tick: Duration,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        DispatchConfig {
+            core: core::Config::default(),
+            tick: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Dispatch flags of `trainhub serve` and `trainhub dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DispatchArgs {
+    /// How queued TrainJobs are offered to spokes.
+    #[arg(long, value_enum, default_value_t = ModeArg::AllAtOnce)]
+    pub dispatch_mode: ModeArg,
+    /// Incremental: spokes added per round.
+    #[arg(long, default_value_t = 3)]
+    pub incremental_step: usize,
+    /// Incremental: seconds per round.
+    #[arg(long, default_value_t = 300)]
+    pub incremental_round_seconds: u64,
+    /// A spoke disconnected this long is given up and its TrainJobs requeued.
+    #[arg(long, default_value_t = 900)]
+    pub worker_lost_timeout_seconds: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    AllAtOnce,
+    Incremental,
+}
+
+impl DispatchArgs {
+    pub fn config(&self) -> DispatchConfig {
+        let DispatchArgs {
+            dispatch_mode,
+            incremental_step,
+            incremental_round_seconds,
+            worker_lost_timeout_seconds,
+        } = self;
+        let mode = match dispatch_mode {
+            ModeArg::AllAtOnce => core::Mode::AllAtOnce,
+            ModeArg::Incremental => core::Mode::Incremental {
+                step: *incremental_step,
+                round_ms: incremental_round_seconds.saturating_mul(1000),
+            },
+        };
+        let lost_ms = worker_lost_timeout_seconds.saturating_mul(1000);
+        DispatchConfig {
+            core: core::Config {
+                mode,
+                worker_lost_timeout_ms: lost_ms,
+                ..core::Config::default()
+            },
+            // Tick often enough for short (test-sized) timeouts.
+            tick: Duration::from_millis((lost_ms / 4).clamp(100, 1000)),
+        }
+    }
+}
+
+struct Session {
+    id: u64,
+    tx: mpsc::UnboundedSender<pb::HubMessage>,
+    labels: Vec<(String, String)>,
+    allocatable: Vec<(String, i64)>,
+}
+
+/// A write for the store writer; `done` learns whether it was committed.
+struct Write {
+    ops: Vec<Op>,
+    done: Option<Box<dyn FnOnce(bool) + Send>>,
+}
+
+/// The dispatch runner. Cheap to share.
+pub struct Dispatch {
+    store: Arc<dyn Store>,
+    admission: Arc<TrainerAdmission>,
+    plugins: Arc<Registry>,
+    config: DispatchConfig,
+    state: Mutex<Dispatcher>,
+    sessions: Mutex<HashMap<String, Session>>,
+    next_id: std::sync::atomic::AtomicU64,
+    logs: Mutex<HashMap<String, mpsc::Sender<Result<Bytes, String>>>>,
+    /// Pod sets per TrainJob (uid, metadata.generation).
+    demand: Mutex<HashMap<(String, i64), Vec<PodSetDemand>>>,
+    /// Pods shown per TrainJob, and the hash of what each last was.
+    pods: Mutex<HashMap<JobKey, HashMap<String, u64>>>,
+    /// Hash of the last JobSet status mapped per run.
+    statuses: Mutex<HashMap<String, u64>>,
+    writer: mpsc::UnboundedSender<Write>,
+    writer_rx: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
+    epoch: Instant,
+    me: std::sync::Weak<Dispatch>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn hash_of(v: &impl Hash) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
+fn job_key(namespace: &str, name: &str) -> JobKey {
+    JobKey {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    }
+}
+
+impl Dispatch {
+    pub fn new(
+        store: Arc<dyn Store>,
+        admission: Arc<TrainerAdmission>,
+        plugins: Arc<Registry>,
+        config: DispatchConfig,
+    ) -> Arc<Self> {
+        let (writer, writer_rx) = mpsc::unbounded_channel();
+        Arc::new_cyclic(|me| Dispatch {
+            me: me.clone(),
+            store,
+            admission,
+            plugins,
+            config,
+            state: Mutex::new(Dispatcher::new(config.core)),
+            sessions: Mutex::new(HashMap::new()),
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            logs: Mutex::new(HashMap::new()),
+            demand: Mutex::new(HashMap::new()),
+            pods: Mutex::new(HashMap::new()),
+            statuses: Mutex::new(HashMap::new()),
+            writer,
+            writer_rx: Mutex::new(Some(writer_rx)),
+            epoch: Instant::now(),
+        })
+    }
+
+    fn now(&self) -> core::Millis {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Connected spokes and queued TrainJobs, for metrics and tests.
+    pub fn stats(&self) -> (usize, usize) {
+        let state = lock(&self.state);
+        (state.connected_spokes(), state.queue_depth())
+    }
+
+    /// Runs until `shutdown`: loads placements and TrainJobs, follows
+    /// TrainJob changes, writes, and takes time-driven decisions.
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        let writer = lock(&self.writer_rx).take().map(|rx| {
+            let this = self.clone();
+            tokio::spawn(async move { this.write_loop(rx).await })
+        });
+        let ticker = {
+            let this = self.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(this.config.tick);
+                interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    interval.tick().await;
+                    let actions = lock(&this.state).tick(this.now());
+                    this.execute(actions);
+                }
+            })
+        };
+        self.load_pods();
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                () = self.follow_trainjobs() => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        ticker.abort();
+        if let Some(w) = writer {
+            w.abort();
+        }
+    }
+
+    /// Remembers the pods shown before a restart, so that those no longer
+    /// reported are removed.
+    fn load_pods(&self) {
+        let (pods, _) = self.store.list(PODS, None);
+        let mut shown = lock(&self.pods);
+        for pod in pods {
+            let meta = &pod.value["metadata"];
+            if meta["annotations"][ANNOTATION_RUN].is_null() {
+                continue;
+            }
+            let Some(job) = meta["labels"][LABEL_JOBSET_NAME].as_str() else {
+                continue;
+            };
+            shown
+                .entry(job_key(&pod.key.namespace, job))
+                .or_default()
+                .insert(pod.key.name.clone(), 0);
+        }
+    }
+
+    /// Lists TrainJobs (with their placements) and follows changes until the
+    /// watch breaks; the dispatcher keeps its state across passes.
+    async fn follow_trainjobs(&self) {
+        let (placements, _) = self.store.list(PLACEMENTS, None);
+        let mut stored: HashMap<JobKey, (String, Placement)> = placements
+            .iter()
+            .filter_map(|o| {
+                let v = &o.value;
+                Some((
+                    job_key(&o.key.namespace, &o.key.name),
+                    (
+                        v["uid"].as_str()?.to_string(),
+                        Placement {
+                            spoke: v["spoke"].as_str().map(String::from),
+                            generation: v["generation"].as_i64()?,
+                        },
+                    ),
+                ))
+            })
+            .collect();
+        let (objects, rv) = self.store.list(TRAINJOBS, None);
+        let mut watch = match self.store.watch(TRAINJOBS, None, Some(rv)) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "dispatch: watching TrainJobs");
+                return;
+            }
+        };
+        let mut seen = BTreeSet::new();
+        for object in objects {
+            let key = job_key(&object.key.namespace, &object.key.name);
+            seen.insert(key.clone());
+            let placement = stored
+                .remove(&key)
+                .filter(|(uid, _)| object.value["metadata"]["uid"].as_str() == Some(uid))
+                .map(|(_, p)| p);
+            self.upsert(&object.value, placement);
+        }
+        // Placements whose TrainJob is gone (deleted while the hub was down).
+        for (key, _) in stored {
+            if !seen.contains(&key) {
+                let actions = lock(&self.state).remove_job(&key);
+                self.execute(actions);
+                self.write(vec![Op::Remove {
+                    key: Key::new(PLACEMENTS, Some(&key.namespace), &key.name),
+                }]);
+            }
+        }
+        for event in std::mem::take(&mut watch.replay) {
+            self.on_event(&event);
+        }
+        loop {
+            match watch.live.recv().await {
+                Ok(event) if event.object.rv > watch.replayed_up_to && watch.matches(&event) => {
+                    self.on_event(&event);
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn on_event(&self, event: &trainhub_apiserver::store::Event) {
+        use trainhub_apiserver::store::EventType;
+        let key = job_key(&event.object.key.namespace, &event.object.key.name);
+        match event.kind {
+            EventType::Deleted => {
+                let actions = lock(&self.state).remove_job(&key);
+                self.execute(actions);
+            }
+            _ => self.upsert(&event.object.value, None),
+        }
+    }
+
+    fn upsert(&self, object: &Value, placement: Option<Placement>) {
+        let Some(info) = self.job_info(object) else {
+            return;
+        };
+        let actions = lock(&self.state).upsert_job(info, placement, self.now());
+        self.execute(actions);
+    }
+
+    /// What dispatch needs of a stored TrainJob. A TrainJob whose pod sets
+    /// cannot be computed is marked Failed.
+    fn job_info(&self, object: &Value) -> Option<JobInfo> {
+        let meta = &object["metadata"];
+        let namespace = meta["namespace"].as_str()?;
+        let name = meta["name"].as_str()?;
+        let uid = meta["uid"].as_str()?.to_string();
+        let status = &object["status"];
+        let managed_elsewhere = object["spec"]["managedBy"]
+            .as_str()
+            .is_some_and(|m| m != trainhub_api::constants::MANAGED_BY_TRAINJOB_CONTROLLER);
+        let want = if is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED) {
+            Want::Finished
+        } else if object["spec"]["suspend"] == true
+            || !meta["deletionTimestamp"].is_null()
+            || managed_elsewhere
+        {
+            Want::Suspend
+        } else {
+            Want::Run
+        };
+        let annotations = &meta["annotations"];
+        let priority = annotations[ANNOTATION_PRIORITY]
+            .as_str()
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0);
+        let selector = match annotations[ANNOTATION_SPOKE_SELECTOR].as_str() {
+            Some(s) => match LabelSelector::parse(s) {
+                Ok(sel) => Some(sel),
+                Err(e) => {
+                    self.fail(
+                        namespace,
+                        name,
+                        "InvalidSpokeSelector",
+                        &format!("annotation {ANNOTATION_SPOKE_SELECTOR}: {}", e.message),
+                    );
+                    return None;
+                }
+            },
+            None => None,
+        };
+        let created = meta["creationTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .map_or(0, |t| t.as_millisecond());
+        let pod_sets = if want == Want::Run {
+            let generation = meta["generation"].as_i64().unwrap_or(0);
+            let cache_key = (uid.clone(), generation);
+            let cached = lock(&self.demand).get(&cache_key).cloned();
+            match cached {
+                Some(p) => p,
+                None => match self.compute_demand(object) {
+                    Ok(p) => {
+                        lock(&self.demand).insert(cache_key, p.clone());
+                        p
+                    }
+                    Err(message) => {
+                        self.fail(namespace, name, REASON_BUILD_FAILED, &message);
+                        return None;
+                    }
+                },
+            }
+        } else {
+            Vec::new()
+        };
+        Some(JobInfo {
+            key: job_key(namespace, name),
+            uid,
+            priority,
+            created,
+            selector,
+            pod_sets,
+            want,
+        })
+    }
+
+    fn pipeline_for(&self, object: &Value) -> Result<(TrainJob, sdk::Runtime, Pipeline), String> {
+        let job: TrainJob = serde_json::from_value(object.clone())
+            .map_err(|e| format!("the stored TrainJob cannot be read: {e}"))?;
+        let runtime = self.admission.runtime_of(&job)?;
+        let pipeline =
+            Pipeline::select(&self.plugins.snapshot(), &runtime).map_err(|e| e.to_string())?;
+        Ok((job, runtime, pipeline))
+    }
+
+    /// Pod sets with counts and per-pod requests, after the ML and pod
+    /// group policies.
+    fn compute_demand(&self, object: &Value) -> Result<Vec<PodSetDemand>, String> {
+        let (job, runtime, pipeline) = self.pipeline_for(object)?;
+        let info = pipeline
+            .enforce(&job, &runtime)
+            .map_err(|e| e.to_string())?;
+        info.pod_sets
+            .iter()
+            .map(|set| {
+                let mut requests = core::Resources::new();
+                for container in &set.containers {
+                    for q in &container.requests {
+                        let milli = milli(&q.value).map_err(|e| {
+                            format!(
+                                "pod set {}: container {}: {}: {e}",
+                                set.name, container.name, q.name
+                            )
+                        })?;
+                        *requests.entry(q.name.clone()).or_default() += milli;
+                    }
+                }
+                Ok(PodSetDemand {
+                    name: set.name.clone(),
+                    count: set.count,
+                    requests_milli: requests,
+                })
+            })
+            .collect()
+    }
+
+    /// Marks a TrainJob Failed with `reason`.
+    fn fail(&self, namespace: &str, name: &str, reason: &str, message: &str) {
+        tracing::warn!(trainjob = %format!("{namespace}/{name}"), reason, message, "TrainJob failed");
+        let key = Key::new(TRAINJOBS, Some(namespace), name);
+        let store = self.store.clone();
+        let (reason, message) = (reason.to_string(), message.to_string());
+        tokio::spawn(async move {
+            update_status(store.as_ref(), &key, |status| {
+                if is_true(status, CONDITION_FAILED) {
+                    return false;
+                }
+                set_condition(
+                    status,
+                    CONDITION_FAILED,
+                    "True",
+                    &reason,
+                    &message,
+                    &format_time(Timestamp::now()),
+                );
+                true
+            })
+            .await;
+        });
+    }
+
+    fn write(&self, ops: Vec<Op>) {
+        let _ = self.writer.send(Write { ops, done: None });
+    }
+
+    /// Commits queued writes in batches: everything waiting goes in one
+    /// store commit; a failed batch is retried op by op so one bad write
+    /// does not sink the others.
+    async fn write_loop(&self, mut rx: mpsc::UnboundedReceiver<Write>) {
+        let mut batch = Vec::new();
+        while rx.recv_many(&mut batch, 4096).await > 0 {
+            let ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
+            if ops.is_empty() || self.store.commit(ops).await.is_ok() {
+                for w in batch.drain(..) {
+                    if let Some(done) = w.done {
+                        done(true);
+                    }
+                }
+                continue;
+            }
+            for w in batch.drain(..) {
+                let ok = match self.store.commit(w.ops).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dispatch: write failed");
+                        false
+                    }
+                };
+                if let Some(done) = w.done {
+                    done(ok);
+                }
+            }
+        }
+    }
+
+    /// Carries out the dispatcher's actions.
+    fn execute(&self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Offer {
+                    spoke,
+                    job,
+                    run_id,
+                    generation,
+                    pod_sets,
+                } => self.send(
+                    &spoke,
+                    pb::hub_message::Message::Offer(pb::Offer {
+                        run_id,
+                        generation,
+                        namespace: job.namespace,
+                        name: job.name,
+                        pod_sets: pod_sets
+                            .into_iter()
+                            .map(|p| pb::PodSet {
+                                name: p.name,
+                                count: p.count,
+                                requests_milli: p.requests_milli.into_iter().collect(),
+                            })
+                            .collect(),
+                    }),
+                ),
+                Action::Withdraw {
+                    spoke,
+                    run_id,
+                    generation,
+                } => self.send(
+                    &spoke,
+                    pb::hub_message::Message::Withdraw(pb::Withdraw { run_id, generation }),
+                ),
+                Action::Stop {
+                    spoke,
+                    run_id,
+                    generation,
+                    reason,
+                } => {
+                    lock(&self.statuses).remove(&run_id);
+                    self.send(
+                        &spoke,
+                        pb::hub_message::Message::Stop(pb::Stop {
+                            run_id,
+                            generation,
+                            reason: reason.to_string(),
+                        }),
+                    )
+                }
+                Action::Commit { job, placement } => self.commit_placement(job, placement),
+                Action::Forget { job } => {
+                    let mut ops = vec![Op::Remove {
+                        key: Key::new(PLACEMENTS, Some(&job.namespace), &job.name),
+                    }];
+                    let pods = lock(&self.pods).remove(&job).unwrap_or_default();
+                    ops.extend(pods.into_keys().map(|pod| Op::Remove {
+                        key: Key::new(PODS, Some(&job.namespace), &pod),
+                    }));
+                    self.write(ops);
+                }
+                Action::Start {
+                    spoke,
+                    job,
+                    run_id,
+                    generation,
+                } => self.start(spoke, job, run_id, generation),
+            }
+        }
+    }
+
+    fn commit_placement(&self, job: JobKey, placement: Placement) {
+        let Some(uid) = self
+            .store
+            .get(&Key::new(TRAINJOBS, Some(&job.namespace), &job.name))
+            .and_then(|o| o.value["metadata"]["uid"].as_str().map(String::from))
+        else {
+            return;
+        };
+        let value = json!({
+            "uid": uid,
+            "spoke": placement.spoke,
+            "generation": placement.generation,
+            "time": format_time(Timestamp::now()),
+        });
+        let key = Key::new(PLACEMENTS, Some(&job.namespace), &job.name);
+        let done: Option<Box<dyn FnOnce(bool) + Send>> = if placement.spoke.is_some() {
+            let this = self.self_arc();
+            Some(Box::new(move |ok| {
+                if let Some(this) = this {
+                    let actions = lock(&this.state).committed(&job, &placement, ok, this.now());
+                    this.execute(actions);
+                }
+            }))
+        } else {
+            None
+        };
+        let _ = self.writer.send(Write {
+            ops: vec![Op::Put { key, value }],
+            done,
+        });
+    }
+
+    /// Builds the objects for `spoke` and sends them.
+    fn start(&self, spoke: String, job: JobKey, run_id: String, generation: i64) {
+        let Some(this) = self.self_arc() else { return };
+        tokio::spawn(async move {
+            let Some(object) =
+                this.store
+                    .get(&Key::new(TRAINJOBS, Some(&job.namespace), &job.name))
+            else {
+                return;
+            };
+            let target = {
+                let sessions = lock(&this.sessions);
+                let Some(session) = sessions.get(&spoke) else {
+                    // Gone meanwhile: the next hello starts it again.
+                    return;
+                };
+                sdk::Target {
+                    name: spoke.clone(),
+                    labels: session
+                        .labels
+                        .iter()
+                        .map(|(k, v)| sdk::KeyValue {
+                            key: k.clone(),
+                            value: v.clone(),
+                        })
+                        .collect(),
+                    resources: session
+                        .allocatable
+                        .iter()
+                        .map(|(name, milli)| sdk::Quantity {
+                            name: name.clone(),
+                            value: format!("{milli}m"),
+                        })
+                        .collect(),
+                }
+            };
+            let built = {
+                let this = this.clone();
+                let value = object.value.clone();
+                tokio::task::spawn_blocking(move || {
+                    let (job, runtime, pipeline) = this.pipeline_for(&value)?;
+                    pipeline
+                        .build(&job, &runtime, &target)
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("the build task failed: {e}")))
+            };
+            match built {
+                Ok(rendered) => {
+                    let objects_json = rendered.objects.iter().map(Value::to_string).collect();
+                    this.send(
+                        &spoke,
+                        pb::hub_message::Message::Start(pb::Start {
+                            run_id,
+                            generation,
+                            namespace: job.namespace.clone(),
+                            name: job.name.clone(),
+                            trainjob_uid: object.value["metadata"]["uid"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_string(),
+                            objects_json,
+                            trace_context: Default::default(),
+                        }),
+                    );
+                }
+                Err(message) => this.fail(&job.namespace, &job.name, REASON_BUILD_FAILED, &message),
+            }
+        });
+    }
+
+    fn self_arc(&self) -> Option<Arc<Dispatch>> {
+        self.me.upgrade()
+    }
+
+    fn send(&self, spoke: &str, message: pb::hub_message::Message) {
+        if let Some(session) = lock(&self.sessions).get(spoke) {
+            let _ = session.tx.send(pb::HubMessage {
+                message: Some(message),
+            });
+        }
+    }
+
+    // ------------------------------------------------------------ sessions
+
+    /// A spoke said hello on a new stream. Returns the session id that its
+    /// later calls carry; a newer session of the same spoke replaces it.
+    pub fn connect(
+        &self,
+        spoke: &str,
+        hello: pb::Hello,
+        tx: mpsc::UnboundedSender<pb::HubMessage>,
+    ) -> u64 {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut labels: Vec<(String, String)> = hello.labels.into_iter().collect();
+        labels.sort();
+        let labels_json = Value::Object(
+            labels
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect(),
+        );
+        let capacity = capacity_of(&hello.capacity);
+        lock(&self.sessions).insert(
+            spoke.to_string(),
+            Session {
+                id,
+                tx,
+                labels,
+                allocatable: capacity.iter().map(|(r, a, _)| (r.clone(), *a)).collect(),
+            },
+        );
+        let held: Vec<(String, i64)> = hello
+            .runs
+            .iter()
+            .map(|r| (r.run_id.clone(), r.generation))
+            .collect();
+        tracing::info!(spoke, backend = %hello.backend, runs = held.len(), "spoke connected");
+        let actions =
+            lock(&self.state).spoke_connected(spoke, labels_json, capacity, &held, self.now());
+        self.execute(actions);
+        id
+    }
+
+    /// The stream of session `id` ended.
+    pub fn disconnect(&self, spoke: &str, id: u64) {
+        {
+            let mut sessions = lock(&self.sessions);
+            if sessions.get(spoke).is_none_or(|s| s.id != id) {
+                return;
+            }
+            sessions.remove(spoke);
+        }
+        tracing::warn!(spoke, "spoke disconnected");
+        let actions = lock(&self.state).spoke_disconnected(spoke, self.now());
+        self.execute(actions);
+    }
+
+    /// One message of a spoke's session.
+    pub async fn on_message(&self, spoke: &str, message: pb::spoke_message::Message) {
+        use pb::spoke_message::Message;
+        match message {
+            Message::Hello(_) => {
+                tracing::warn!(spoke, "second hello on one stream ignored");
+            }
+            Message::Heartbeat(hb) => {
+                let capacity = capacity_of(&hb.capacity);
+                if let Some(s) = lock(&self.sessions).get_mut(spoke) {
+                    s.allocatable = capacity.iter().map(|(r, a, _)| (r.clone(), *a)).collect();
+                }
+                let actions = lock(&self.state).spoke_heartbeat(spoke, capacity, self.now());
+                self.execute(actions);
+            }
+            Message::Admit(answer) => {
+                if !answer.admitted {
+                    tracing::debug!(spoke, run = %answer.run_id, reason = %answer.reason, "offer refused");
+                }
+                let actions = lock(&self.state).admit_answer(
+                    spoke,
+                    &answer.run_id,
+                    answer.generation,
+                    answer.admitted,
+                    self.now(),
+                );
+                self.execute(actions);
+            }
+            Message::Report(report) => self.on_report(spoke, report).await,
+            Message::Log(chunk) => {
+                let tx = {
+                    let mut logs = lock(&self.logs);
+                    if chunk.eof {
+                        logs.remove(&chunk.request_id)
+                    } else {
+                        logs.get(&chunk.request_id).cloned()
+                    }
+                };
+                if let Some(tx) = tx {
+                    if !chunk.data.is_empty() {
+                        let _ = tx.send(Ok(Bytes::from(chunk.data))).await;
+                    }
+                    if !chunk.error.is_empty() {
+                        let _ = tx.send(Err(chunk.error)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A run report: taken if the run is placed on this spoke, else refused
+    /// (and the run stopped: it must not run there).
+    async fn on_report(&self, spoke: &str, report: pb::RunReport) {
+        let verdict = lock(&self.state).check_run(spoke, &report.run_id, report.generation);
+        let key = match verdict {
+            Verdict::Accept(key) => key,
+            Verdict::Stale | Verdict::Foreign => {
+                if verdict == Verdict::Foreign {
+                    tracing::warn!(
+                        spoke,
+                        run = %report.run_id,
+                        generation = report.generation,
+                        "refused a report on a run not placed on this spoke"
+                    );
+                }
+                self.send(
+                    spoke,
+                    pb::hub_message::Message::Stop(pb::Stop {
+                        run_id: report.run_id,
+                        generation: report.generation,
+                        reason: "not placed on this spoke".into(),
+                    }),
+                );
+                return;
+            }
+        };
+        self.show_pods(spoke, &key, &report);
+        let status_hash = hash_of(&report.jobset_status_json);
+        let changed =
+            lock(&self.statuses).insert(report.run_id.clone(), status_hash) != Some(status_hash);
+        if changed && let Err(message) = self.map_status(&key, &report.jobset_status_json).await {
+            tracing::warn!(trainjob = %key, message, "mapping the run's status");
+        }
+    }
+
+    /// Writes the pods a report shows, removes those it no longer shows.
+    fn show_pods(&self, spoke: &str, key: &JobKey, report: &pb::RunReport) {
+        let mut ops = Vec::new();
+        let mut pods = lock(&self.pods);
+        let shown = pods.entry(key.clone()).or_default();
+        let mut present = BTreeSet::new();
+        for raw in &report.pods_json {
+            let Ok(mut pod) = serde_json::from_str::<Value>(raw) else {
+                tracing::warn!(spoke, "a pod in a run report is not JSON");
+                continue;
+            };
+            let Some(name) = pod["metadata"]["name"].as_str().map(String::from) else {
+                continue;
+            };
+            present.insert(name.clone());
+            let hash = hash_of(raw);
+            if shown.get(&name) == Some(&hash) {
+                continue;
+            }
+            shown.insert(name.clone(), hash);
+            pod["apiVersion"] = "v1".into();
+            pod["kind"] = "Pod".into();
+            let meta = &mut pod["metadata"];
+            meta["namespace"] = key.namespace.clone().into();
+            if !meta["annotations"].is_object() {
+                meta["annotations"] = json!({});
+            }
+            meta["annotations"][ANNOTATION_SPOKE] = spoke.into();
+            meta["annotations"][ANNOTATION_RUN] =
+                format!("{}.{}", report.run_id, report.generation).into();
+            if meta["labels"][LABEL_JOBSET_NAME].is_null() {
+                if !meta["labels"].is_object() {
+                    meta["labels"] = json!({});
+                }
+                meta["labels"][LABEL_JOBSET_NAME] = key.name.clone().into();
+            }
+            if let Some(m) = meta.as_object_mut() {
+                m.remove("resourceVersion");
+            }
+            ops.push(Op::Put {
+                key: Key::new(PODS, Some(&key.namespace), &name),
+                value: pod,
+            });
+        }
+        let gone: Vec<String> = shown
+            .keys()
+            .filter(|n| !present.contains(*n))
+            .cloned()
+            .collect();
+        for name in gone {
+            shown.remove(&name);
+            ops.push(Op::Remove {
+                key: Key::new(PODS, Some(&key.namespace), &name),
+            });
+        }
+        drop(pods);
+        if !ops.is_empty() {
+            self.write(ops);
+        }
+    }
+
+    /// PostExecution: the TrainJob's status from the JobSet status.
+    async fn map_status(&self, key: &JobKey, jobset_status_json: &str) -> Result<(), String> {
+        if jobset_status_json.is_empty() {
+            return Ok(());
+        }
+        let observed: JobSetStatus = serde_json::from_str(jobset_status_json)
+            .map_err(|e| format!("the JobSet status reported is not readable: {e}"))?;
+        let store_key = Key::new(TRAINJOBS, Some(&key.namespace), &key.name);
+        let Some(object) = self.store.get(&store_key) else {
+            return Ok(());
+        };
+        let (job, _, pipeline) = self.pipeline_for(&object.value)?;
+        let Some(mapped) = pipeline
+            .status(&job, &observed)
+            .map_err(|e| e.to_string())?
+        else {
+            return Ok(());
+        };
+        let mapped = serde_json::to_value(&mapped).map_err(|e| e.to_string())?;
+        update_status(self.store.as_ref(), &store_key, |status| {
+            merge_status(status, &mapped)
+        })
+        .await;
+        Ok(())
+    }
+
+    /// A log stream of a pod the hub shows, from the spoke that runs it.
+    fn open_logs(
+        &self,
+        pod: &Value,
+        container: Option<&str>,
+        follow: bool,
+        tail_lines: Option<i64>,
+    ) -> Result<ByteStream, ApiError> {
+        let meta = &pod["metadata"];
+        let name = meta["name"].as_str().unwrap_or_default();
+        let spoke = meta["annotations"][ANNOTATION_SPOKE]
+            .as_str()
+            .unwrap_or_default();
+        let run = meta["annotations"][ANNOTATION_RUN]
+            .as_str()
+            .unwrap_or_default();
+        let run_id = run.rsplit_once('.').map_or(run, |(id, _)| id);
+        let container = container
+            .map(String::from)
+            .or_else(|| {
+                pod["spec"]["containers"][0]["name"]
+                    .as_str()
+                    .map(String::from)
+            })
+            .unwrap_or_default();
+        let tx = lock(&self.sessions).get(spoke).map(|s| s.tx.clone());
+        let Some(tx) = tx else {
+            return Err(ApiError::unavailable(format!(
+                "the logs of pod {name:?} are on spoke {spoke:?}, which is not connected"
+            )));
+        };
+        let request_id = format!(
+            "log-{}",
+            self.next_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let (chunk_tx, chunk_rx) = mpsc::channel(64);
+        lock(&self.logs).insert(request_id.clone(), chunk_tx);
+        let _ = tx.send(pb::HubMessage {
+            message: Some(pb::hub_message::Message::LogRequest(pb::LogRequest {
+                request_id: request_id.clone(),
+                run_id: run_id.to_string(),
+                pod: name.to_string(),
+                container,
+                follow,
+                tail_lines: tail_lines.unwrap_or(-1),
+                cancel: false,
+            })),
+        });
+        let guard = LogGuard {
+            request_id,
+            run_id: run_id.to_string(),
+            tx,
+            logs: self.self_arc(),
+        };
+        let stream =
+            futures_util::stream::unfold((chunk_rx, guard), |(mut rx, guard)| async move {
+                let item = rx.recv().await?;
+                Some((item.map_err(std::io::Error::other), (rx, guard)))
+            });
+        Ok(Box::pin(stream))
+    }
+}
+
+/// Cancels a log request on the spoke when its reader goes away.
+struct LogGuard {
+    request_id: String,
+    run_id: String,
+    tx: mpsc::UnboundedSender<pb::HubMessage>,
+    logs: Option<Arc<Dispatch>>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        let open = self
+            .logs
+            .as_ref()
+            .is_some_and(|d| lock(&d.logs).remove(&self.request_id).is_some());
+        if open {
+            let _ = self.tx.send(pb::HubMessage {
+                message: Some(pb::hub_message::Message::LogRequest(pb::LogRequest {
+                    request_id: self.request_id.clone(),
+                    run_id: self.run_id.clone(),
+                    cancel: true,
+                    ..Default::default()
+                })),
+            });
+        }
+    }
+}
+
+/// The pod log source the API server serves `pods/log` from.
+pub struct SpokeLogs(pub Arc<Dispatch>);
+
+impl LogSource for SpokeLogs {
+    fn logs(
+        &self,
+        pod: &Value,
+        container: Option<&str>,
+        follow: bool,
+        tail_lines: Option<i64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>
+    {
+        let result = self.0.open_logs(pod, container, follow, tail_lines);
+        Box::pin(async move { result })
+    }
+}
+
+impl Dispatch {
+    /// The log source for the API server.
+    pub fn log_source(self: &Arc<Self>) -> Arc<dyn LogSource> {
+        Arc::new(SpokeLogs(self.clone()))
+    }
+}
+
+fn capacity_of(capacity: &[pb::Capacity]) -> Vec<(String, i64, i64)> {
+    capacity
+        .iter()
+        .map(|c| (c.resource.clone(), c.allocatable_milli, c.free_milli))
+        .collect()
+}
+
+/// A Kubernetes quantity in milli-units, rounded up.
+pub fn milli(text: &str) -> Result<i64, String> {
+    let q = Quantity::parse(text).map_err(|e| e.0)?;
+    let nanos = q.nanos();
+    let milli = nanos.div_euclid(1_000_000) + i128::from(nanos.rem_euclid(1_000_000) != 0);
+    i64::try_from(milli).map_err(|_| format!("quantity {text:?} is too large"))
+}
+
+/// Sets the mapped conditions and jobsStatus on `status`; whether it changed.
+fn merge_status(status: &mut Value, mapped: &Value) -> bool {
+    let before = status.clone();
+    let now = format_time(Timestamp::now());
+    if let Some(conditions) = mapped["conditions"].as_array() {
+        for c in conditions {
+            let (Some(type_), Some(state)) = (c["type"].as_str(), c["status"].as_str()) else {
+                continue;
+            };
+            set_condition(
+                status,
+                type_,
+                state,
+                c["reason"].as_str().unwrap_or_default(),
+                c["message"].as_str().unwrap_or_default(),
+                c["lastTransitionTime"].as_str().unwrap_or(&now),
+            );
+        }
+    }
+    if !mapped["jobsStatus"].is_null() {
+        if !status.is_object() {
+            *status = json!({});
+        }
+        status["jobsStatus"] = mapped["jobsStatus"].clone();
+    }
+    *status != before
+}
+
+/// Read-modify-write of a TrainJob's status, retried on conflicts.
+async fn update_status(store: &dyn Store, key: &Key, mut change: impl FnMut(&mut Value) -> bool) {
+    for _ in 0..5 {
+        let Some(object) = store.get(key) else { return };
+        let mut value = object.value.as_ref().clone();
+        let mut status = value["status"].take();
+        if !change(&mut status) {
+            return;
+        }
+        value["status"] = status;
+        match store
+            .commit(vec![Op::Update {
+                key: key.clone(),
+                value,
+                expected: Some(object.rv),
+            }])
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound(_)) => return,
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "writing TrainJob status");
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_become_milli_units_rounded_up() {
+        assert_eq!(milli("2").unwrap(), 2000);
+        assert_eq!(milli("500m").unwrap(), 500);
+        assert_eq!(milli("1Gi").unwrap(), 1_073_741_824_000);
+        assert_eq!(milli("1n").unwrap(), 1);
+        assert!(milli("two").is_err());
+    }
+
+    #[test]
+    fn merged_status_keeps_other_conditions_and_reports_change() {
+        let mut status =
+            json!({"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed"}]});
+        let mapped = json!({
+            "conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "done"}],
+            "jobsStatus": [{"name": "node", "succeeded": 2}]
+        });
+        assert!(merge_status(&mut status, &mapped));
+        assert_eq!(status["conditions"][0]["type"], "Suspended");
+        assert_eq!(status["conditions"][1]["reason"], "AllJobsCompleted");
+        assert_eq!(status["jobsStatus"][0]["succeeded"], 2);
+        assert!(!merge_status(&mut status, &mapped), "same again: no write");
+    }
+}

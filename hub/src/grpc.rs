@@ -1,0 +1,159 @@
+//! The spokes' side door: a gRPC server over mutual TLS where each spoke
+//! holds one bidirectional `Session` stream.
+//!
+//! A spoke is who its client certificate says: the Subject CN is its name,
+//! and the certificate must carry the Subject O [`SPOKE_GROUP`] (so a
+//! user's client certificate from the same CA cannot act as a spoke).
+//! Nothing a spoke sends can claim another name.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+use trainhub_proto as pb;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use crate::dispatch::Dispatch;
+
+/// The Subject O every spoke certificate carries.
+pub const SPOKE_GROUP: &str = "trainhub:spokes";
+/// How long a new stream may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// PEM material of the gRPC server.
+#[derive(Debug, Clone)]
+pub struct GrpcTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The CA that signs spoke certificates.
+    pub client_ca_pem: String,
+}
+
+struct SpokeService {
+    dispatch: Arc<Dispatch>,
+}
+
+type HubStream = Pin<Box<dyn Stream<Item = Result<pb::HubMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::spoke_server::Spoke for SpokeService {
+    type SessionStream = HubStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<pb::SpokeMessage>>,
+    ) -> Result<Response<HubStream>, Status> {
+        let name = spoke_name(&request)?;
+        let mut inbound = request.into_inner();
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+            Ok(Ok(Some(pb::SpokeMessage {
+                message: Some(pb::spoke_message::Message::Hello(hello)),
+            }))) => hello,
+            Ok(Ok(_)) => {
+                return Err(Status::invalid_argument(
+                    "the first message of a session must be a hello",
+                ));
+            }
+            Ok(Err(status)) => return Err(status),
+            Err(_) => return Err(Status::deadline_exceeded("no hello within 10s")),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self.dispatch.connect(&name, hello, tx);
+        let dispatch = self.dispatch.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(pb::SpokeMessage {
+                        message: Some(message),
+                    })) => dispatch.on_message(&name, message).await,
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(spoke = %name, %status, "session ended");
+                        break;
+                    }
+                }
+            }
+            dispatch.disconnect(&name, id);
+        });
+        Ok(Response::new(Box::pin(
+            UnboundedReceiverStream::new(rx).map(Ok),
+        )))
+    }
+}
+
+/// The spoke's name from its verified client certificate.
+fn spoke_name<T>(request: &Request<T>) -> Result<String, Status> {
+    let certs = request
+        .peer_certs()
+        .ok_or_else(|| Status::unauthenticated("a spoke must present a client certificate"))?;
+    let der = certs
+        .first()
+        .ok_or_else(|| Status::unauthenticated("a spoke must present a client certificate"))?;
+    let (_, cert) = X509Certificate::from_der(der.as_ref())
+        .map_err(|e| Status::unauthenticated(format!("unreadable client certificate: {e}")))?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok())
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    if !subject
+        .iter_organization()
+        .any(|o| o.as_str().ok() == Some(SPOKE_GROUP))
+    {
+        return Err(Status::permission_denied(format!(
+            "certificate {name:?} is not a spoke certificate (Subject O {SPOKE_GROUP} missing)"
+        )));
+    }
+    if !is_dns_label(&name) {
+        return Err(Status::permission_denied(format!(
+            "spoke name {name:?} (certificate CN) must be a DNS-1123 label"
+        )));
+    }
+    Ok(name)
+}
+
+/// Lowercase alphanumerics and '-', 1-63 characters, alphanumeric at both ends.
+pub fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// Serves the spokes' gRPC endpoint on `listener` until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: &GrpcTls,
+    dispatch: Arc<Dispatch>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    let tls_config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
+        .client_ca_root(Certificate::from_pem(&tls.client_ca_pem));
+    tracing::info!(addr = ?addr, "serving spokes (gRPC, mutual TLS)");
+    Server::builder()
+        .tls_config(tls_config)?
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(
+            pb::spoke_server::SpokeServer::new(SpokeService { dispatch })
+                .max_decoding_message_size(64 << 20),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! The `trainspoke` command line.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::agent::{self, AgentConfig};
+use crate::backend::process::{ProcessBackend, ProcessConfig, parse_quantity_milli};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// Every pod of a run is a local process (no Kubernetes needed).
+    Process,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Joins this machine or cluster to a trainhub hub and runs the TrainJobs
+/// it places here.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "trainspoke", version)]
+pub struct Args {
+    /// The hub's gRPC endpoint, `https://HOST:PORT`.
+    #[arg(long, env = "TRAINSPOKE_HUB")]
+    pub hub: String,
+    /// PEM file of the CA that signed the hub's certificate.
+    #[arg(long)]
+    pub ca: PathBuf,
+    /// PEM files of this spoke's client certificate (its CN is the spoke's
+    /// name) and key, as `trainctl certs spoke` writes them.
+    #[arg(long)]
+    pub cert: PathBuf,
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Name to check the hub's certificate against (default: the host in --hub).
+    #[arg(long)]
+    pub tls_server_name: Option<String>,
+    /// A label placement can select on, `KEY=VALUE`; repeatable.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    #[arg(long, value_enum, default_value_t = BackendKind::Process)]
+    pub backend: BackendKind,
+    /// Process backend: where runs keep their working directories and logs.
+    #[arg(long, default_value = ".trainspoke")]
+    pub work_dir: PathBuf,
+    /// Process backend: declared capacity, `RESOURCE=QUANTITY` comma
+    /// separated (e.g. `cpu=8,memory=32Gi,nvidia.com/gpu=0`).
+    #[arg(long, default_value = "cpu=4,memory=8Gi")]
+    pub capacity: String,
+    /// Seconds between heartbeats.
+    #[arg(long, default_value_t = 5)]
+    pub heartbeat_seconds: u64,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+pub fn main(args: Args) -> ExitCode {
+    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// `KEY=VALUE,...` into a map, naming the flag in errors.
+pub fn parse_pairs(flag: &str, items: &[String]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for item in items
+        .iter()
+        .flat_map(|i| i.split(','))
+        .filter(|i| !i.trim().is_empty())
+    {
+        let Some((k, v)) = item.split_once('=') else {
+            bail!("{flag}: {item:?} is not KEY=VALUE");
+        };
+        out.insert(k.trim().to_string(), v.trim().to_string());
+    }
+    Ok(out)
+}
+
+/// `--capacity` into milli-units per resource.
+pub fn parse_capacity(text: &str) -> Result<BTreeMap<String, i64>> {
+    parse_pairs("--capacity", &[text.to_string()])?
+        .into_iter()
+        .map(|(k, v)| {
+            let milli =
+                parse_quantity_milli(&v).map_err(|e| anyhow::anyhow!("--capacity {k}: {e}"))?;
+            Ok((k, milli))
+        })
+        .collect()
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    let Args {
+        hub,
+        ca,
+        cert,
+        key,
+        tls_server_name,
+        labels,
+        backend,
+        work_dir,
+        capacity,
+        heartbeat_seconds,
+        log_format: _,
+    } = args;
+    let read = |p: &PathBuf| {
+        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+    };
+    let mut config = AgentConfig::new(hub, read(&ca)?, read(&cert)?, read(&key)?);
+    config.tls_server_name = tls_server_name;
+    config.labels = parse_pairs("--label", &labels)?;
+    config.heartbeat = Duration::from_secs(heartbeat_seconds.max(1));
+    let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
+    let backend: Arc<dyn crate::backend::Backend> = match backend {
+        BackendKind::Process => ProcessBackend::new(
+            ProcessConfig {
+                work_dir,
+                capacity: parse_capacity(&capacity)?,
+                path_env: None,
+            },
+            reports_tx,
+        )
+        .context("starting the process backend")?,
+    };
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    agent::run(config, backend, reports_rx, shutdown).await;
+    Ok(())
+}
