@@ -72,6 +72,16 @@ pub enum AgentError {
 
 type Outbound = mpsc::UnboundedSender<pb::SpokeMessage>;
 
+/// Aborts a spawned task when dropped, so that dropping the agent's future
+/// (or a session's) ends everything it started.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -128,14 +138,24 @@ pub async fn run(
         seq: Mutex::new(HashMap::new()),
         log_tasks: Mutex::new(HashMap::new()),
     });
-    let forwarder = {
+    /// Ends the log streams being served when the agent goes away.
+    struct EndLogs(Arc<Shared>);
+    impl Drop for EndLogs {
+        fn drop(&mut self) {
+            for (_, task) in lock(&self.0.log_tasks).drain() {
+                task.abort();
+            }
+        }
+    }
+    let _end_logs = EndLogs(shared.clone());
+    let _forwarder = {
         let shared = shared.clone();
-        tokio::spawn(async move {
+        AbortOnDrop(tokio::spawn(async move {
             while let Some(report) = reports.recv().await {
                 let message = shared.report_message(&report);
                 shared.send(message);
             }
-        })
+        }))
     };
     let connect_loop = async {
         let mut failures: u32 = 0;
@@ -162,7 +182,6 @@ pub async fn run(
         _ = shutdown => {}
         () = connect_loop => {}
     }
-    forwarder.abort();
     *lock(&shared.current) = None;
 }
 
@@ -220,11 +239,11 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
     let response = client.session(UnboundedReceiverStream::new(rx)).await?;
     *lock(&shared.current) = Some(tx.clone());
     tracing::info!(hub = %config.hub_url, runs = held.len(), "connected to the hub");
-    let heartbeat = {
+    let _heartbeat = {
         let tx = tx.clone();
         let backend = backend.clone();
         let every = config.heartbeat;
-        tokio::spawn(async move {
+        AbortOnDrop(tokio::spawn(async move {
             let mut interval = tokio::time::interval(every);
             interval.tick().await;
             loop {
@@ -238,7 +257,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
                     return;
                 }
             }
-        })
+        }))
     };
     let mut inbound = response.into_inner();
     let result = loop {
@@ -251,7 +270,6 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
             None => break Ok(()),
         }
     };
-    heartbeat.abort();
     result
 }
 

@@ -868,7 +868,7 @@ impl Dispatch {
                 continue;
             };
             present.insert(name.clone());
-            let hash = hash_of(raw);
+            let hash = hash_of(&(spoke, report.generation, raw));
             if shown.get(&name) == Some(&hash) {
                 continue;
             }

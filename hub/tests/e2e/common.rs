@@ -21,6 +21,8 @@ fn plugin_cache() -> PathBuf {
 pub struct DevHub {
     pub dir: tempfile::TempDir,
     pub port: u16,
+    /// Extra `trainhub dev` flags (spokes, dispatch settings).
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -33,11 +35,17 @@ impl DevHub {
     /// As [`start`], after `prepare` wrote what it wants into the data
     /// directory (tokens.csv, policy.yaml).
     pub fn start_with(prepare: impl FnOnce(&Path)) -> DevHub {
+        Self::start_args(&["--spokes", "0"], prepare)
+    }
+
+    /// As [`start_with`], with `trainhub dev` flags.
+    pub fn start_args(args: &[&str], prepare: impl FnOnce(&Path)) -> DevHub {
         let dir = tempfile::tempdir().expect("temp dir");
         prepare(dir.path());
         let mut hub = DevHub {
             dir,
             port: 0,
+            args: args.iter().map(|a| a.to_string()).collect(),
             child: None,
         };
         hub.launch();
@@ -60,6 +68,7 @@ impl DevHub {
             .args(["dev", "--data-dir"])
             .arg(self.dir.path())
             .args(["--api-port", &self.port.to_string()])
+            .args(&self.args)
             .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -101,6 +110,13 @@ impl DevHub {
             .next()
             .and_then(|p| p.parse().ok())
             .expect("port in server URL");
+    }
+
+    /// The CA of the hub's data directory, to issue spoke certificates.
+    pub fn ca(&self) -> trainhub_apiserver::pki::Ca {
+        trainhub_apiserver::pki::PemDir::new(self.dir.path().join("pki"))
+            .read_ca()
+            .expect("the dev CA")
     }
 
     pub fn log(&self) -> String {

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+mod dispatch;
 mod kube_clients;
 mod kubectl;
 mod sdk;

@@ -142,3 +142,4 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 pub mod process;
+pub mod sim;

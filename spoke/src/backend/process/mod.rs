@@ -22,8 +22,15 @@ impl ProcessBackend {
     }
 }
 pub fn parse_quantity_milli(s: &str) -> Result<i64, String> {
-    s.parse::<i64>()
-        .map(|v| v * 1000)
+    let (n, mult) = if let Some(n) = s.strip_suffix("Gi") {
+        (n, 1i64 << 30)
+    } else if let Some(n) = s.strip_suffix("Mi") {
+        (n, 1 << 20)
+    } else {
+        (s, 1)
+    };
+    n.parse::<i64>()
+        .map(|v| v * mult * 1000)
         .map_err(|e| e.to_string())
 }
 impl Backend for ProcessBackend {
