@@ -72,6 +72,9 @@ async fn run(jobs: usize, concurrency: usize) {
         token_file: Some(dir.path().join("tokens.csv")),
         policy_file: None,
         plugins_dir: None,
+        grpc_listen: None,
+        spoke_ca: None,
+        dispatch: Default::default(),
     })
     .expect("hub");
     hub.install(trainhub::hub::default_objects().expect("runtimes"))
@@ -80,8 +83,8 @@ async fn run(jobs: usize, concurrency: usize) {
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(hub.serve(
-        move |addr| {
-            let _ = addr_tx.send(addr);
+        move |addrs| {
+            let _ = addr_tx.send(addrs.api);
         },
         async move {
             let _ = stop_rx.await;

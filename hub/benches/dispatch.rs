@@ -1,0 +1,268 @@
+//! Dispatch throughput and latency: the hub and S simulated spokes (real
+//! agents over real gRPC with mutual TLS, on a backend that admits what
+//! fits and completes runs at once) in this process; T TrainJobs submitted
+//! through the REST API by C concurrent clients.
+//!
+//! `cargo bench -p trainhub --bench dispatch -- [--spokes S] [--jobs T]
+//! [--concurrency C] [--incremental]` (defaults: 50 spokes, 10000 jobs, 32
+//! clients, AllAtOnce). Latency is from the start of a TrainJob's create
+//! request to the moment its winning spoke receives the start (placement
+//! committed, objects built); throughput is TrainJobs started per second
+//! from the first create to the last start.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::json;
+use trainhub::dispatch::{DispatchConfig, core};
+use trainhub::hub::{Config, Hub};
+use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
+use trainhub_apiserver::pki::{Ca, PemDir};
+use trainhub_spoke::agent::{self, AgentConfig};
+use trainhub_spoke::backend::sim::SimBackend;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let spokes = arg("--spokes", 50);
+    let jobs = arg("--jobs", 10_000);
+    let concurrency = arg("--concurrency", 32);
+    let incremental = std::env::args().any(|a| a == "--incremental");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run(spokes, jobs, concurrency, incremental));
+}
+
+async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pki = PemDir::new(dir.path().join("pki"));
+    let ca: Ca = pki.load_or_create_ca("bench-ca").expect("ca");
+    pki.write(
+        "hub",
+        &ca.issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+            .expect("cert"),
+    )
+    .expect("write cert");
+    std::fs::write(
+        dir.path().join("tokens.csv"),
+        "bench-token-0123456789,bench,bench,\"system:masters\"\n",
+    )
+    .expect("tokens");
+    let mode = if incremental {
+        core::Mode::Incremental {
+            step: 3,
+            round_ms: 300_000,
+        }
+    } else {
+        core::Mode::AllAtOnce
+    };
+    let localhost = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    let hub = Hub::open(Config {
+        data_dir: dir.path().join("data"),
+        listen: localhost(0),
+        tls_cert: pki.cert_path("hub"),
+        tls_key: pki.key_path("hub"),
+        client_ca: None,
+        token_file: Some(dir.path().join("tokens.csv")),
+        policy_file: None,
+        plugins_dir: None,
+        grpc_listen: Some(localhost(0)),
+        spoke_ca: Some(pki.cert_path("ca")),
+        dispatch: DispatchConfig {
+            core: core::Config {
+                mode,
+                ..core::Config::default()
+            },
+            ..DispatchConfig::default()
+        },
+    })
+    .expect("hub");
+    let dispatch = hub.dispatch.clone();
+    hub.install(trainhub::hub::default_objects().expect("runtimes"))
+        .await
+        .expect("install");
+    let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(hub.serve(
+        move |addrs| {
+            let _ = addr_tx.send(addrs);
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let addrs = addr_rx.await.expect("hub address");
+    let grpc = addrs.grpc.expect("grpc address");
+
+    // The spokes.
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..spokes {
+        let name = format!("sim-{i:03}");
+        let issued = ca
+            .issue_client(&name, &[trainhub::grpc::SPOKE_GROUP])
+            .expect("spoke cert");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let backend = SimBackend::new(
+            [
+                ("cpu".to_string(), 1_000_000_000),
+                ("memory".to_string(), 1 << 60),
+            ]
+            .into(),
+            Duration::ZERO,
+            tx,
+            Some(started_tx.clone()),
+        );
+        let config = AgentConfig::new(
+            format!("https://{grpc}"),
+            ca.cert_pem().to_string(),
+            issued.cert_pem,
+            issued.key_pem,
+        );
+        tokio::spawn(agent::run(config, backend, rx, std::future::pending()));
+    }
+    drop(started_tx);
+    while dispatch.stats().0 < spokes {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let kubeconfig = dir.path().join("kubeconfig");
+    Kubeconfig::write(
+        &kubeconfig,
+        &KubeconfigParams {
+            cluster_name: "bench".into(),
+            server_url: format!("https://{}", addrs.api),
+            ca_pem: ca.cert_pem().to_string(),
+            user_name: "bench".into(),
+            token: Some("bench-token-0123456789".into()),
+            client_cert_pem: None,
+            client_key_pem: None,
+            namespace: Some("default".into()),
+        },
+    )
+    .expect("kubeconfig");
+    let raw = kube::config::Kubeconfig::read_from(&kubeconfig).expect("read kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(raw, &Default::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+        "trainjobs",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
+
+    // Warm up connections, plugins and the whole path once.
+    let warmup = concurrency.min(jobs).max(1);
+    for i in 0..warmup {
+        api.create(&PostParams::default(), &job(&format!("warmup-{i}")))
+            .await
+            .expect("warm-up create");
+    }
+    for _ in 0..warmup {
+        started_rx.recv().await.expect("warm-up start");
+    }
+
+    let submitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
+    let next = Arc::new(AtomicUsize::new(0));
+    let begin = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (api, next, submitted) = (api.clone(), next.clone(), submitted.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= jobs {
+                    return;
+                }
+                let name = format!("bench-{i:06}");
+                submitted
+                    .lock()
+                    .expect("lock")
+                    .insert(format!("default/{name}"), Instant::now());
+                api.create(&PostParams::default(), &job(&name))
+                    .await
+                    .expect("create");
+            }
+        }));
+    }
+    let mut latencies = Vec::with_capacity(jobs);
+    let mut last = begin;
+    while latencies.len() < jobs {
+        let Ok(Some((name, at))) =
+            tokio::time::timeout(Duration::from_secs(60), started_rx.recv()).await
+        else {
+            panic!(
+                "only {} of {jobs} TrainJobs started within a minute of the last",
+                latencies.len()
+            );
+        };
+        let Some(t0) = submitted.lock().expect("lock").get(&name).copied() else {
+            continue;
+        };
+        latencies.push(at.duration_since(t0));
+        last = last.max(at);
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let elapsed = last.duration_since(begin);
+    latencies.sort();
+    let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    println!(
+        "dispatch: {jobs} TrainJobs (2 pods each), {spokes} simulated spokes over gRPC + mTLS, {concurrency} concurrent REST clients, {}",
+        if incremental {
+            "Incremental"
+        } else {
+            "AllAtOnce"
+        }
+    );
+    println!(
+        "throughput: {:.0} TrainJobs started/s ({:.2} s)",
+        jobs as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "submit-to-started latency: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms(pct(0.50)),
+        ms(pct(0.90)),
+        ms(pct(0.99)),
+        ms(pct(1.0))
+    );
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A 2-node TrainJob on the CPU-only runtime, as the Kubeflow SDK submits one.
+fn job(name: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeRef": {"name": "python-distributed"},
+            "trainer": {
+                "command": ["python3", "train.py"],
+                "numNodes": 2,
+            }
+        }
+    }))
+    .expect("a TrainJob")
+}
