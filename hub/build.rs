@@ -6,11 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Built-in plugins, embedded in the hub in this order.
-const BUILTINS: [&str; 8] = [
+const BUILTINS: [&str; 9] = [
     "jobset",
     "torch",
     "mpi",
     "plainml",
+    "python",
     "jax",
     "xgboost",
     "coscheduling",

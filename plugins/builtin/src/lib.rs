@@ -12,6 +12,7 @@
 //! | [`torch::Torch`] | `mlPolicy.torch` | validate, enforce ML policy |
 //! | [`mpi::Mpi`] | `mlPolicy.mpi` | validate, enforce ML policy, build (SSH Secret, hostfile ConfigMap) |
 //! | [`plainml::PlainMl`] | no torch, mpi or jax policy | enforce ML policy |
+//! | [`python::Python`] | framework label `python` | validate, enforce ML policy |
 //! | [`jax::Jax`] | `mlPolicy.jax` | validate, enforce ML policy |
 //! | [`xgboost::Xgboost`] | `mlPolicy.xgboost` | validate, enforce ML policy |
 //! | [`coscheduling::Coscheduling`] | `podGroupPolicy.coscheduling` | enforce pod-group policy, build (PodGroup) |
@@ -43,6 +44,7 @@ pub mod jax;
 pub mod jobset;
 pub mod mpi;
 pub mod plainml;
+pub mod python;
 pub mod quantity;
 pub mod torch;
 pub mod volcano;

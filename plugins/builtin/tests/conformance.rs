@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use trainhub_builtin_plugins::{
-    coscheduling::Coscheduling, jax::Jax, jobset::JobSet, mpi::Mpi, plainml::PlainMl, torch::Torch,
-    volcano::Volcano, xgboost::Xgboost,
+    coscheduling::Coscheduling, jax::Jax, jobset::JobSet, mpi::Mpi, plainml::PlainMl,
+    python::Python, torch::Torch, volcano::Volcano, xgboost::Xgboost,
 };
 use trainhub_plugin_sdk::api::jobset::JobSetStatus;
 use trainhub_plugin_sdk::api::trainer::{TrainJob, TrainJobStatus};
@@ -50,10 +50,12 @@ impl<P: Plugin> Phases for Harness<P> {
     }
 }
 
-/// The ML plugin the runtime's `mlPolicy` selects.
+/// The ML plugin the runtime's framework label selects, else its `mlPolicy`.
 fn ml_plugin(runtime: &Runtime) -> Box<dyn Phases> {
     let policy = runtime.spec().ml_policy.clone().unwrap_or_default();
-    if policy.torch.is_some() {
+    if runtime.framework() == Some("python") {
+        Box::new(Harness::<Python>::new())
+    } else if policy.torch.is_some() {
         Box::new(Harness::<Torch>::new())
     } else if policy.mpi.is_some() {
         Box::new(Harness::<Mpi>::new())
@@ -683,6 +685,47 @@ fn jax_sets_the_coordinator() {
     );
 }
 
+/// trainhub's own `python-distributed` runtime.
+fn python_distributed() -> Runtime {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../manifests/runtimes/python-distributed.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    runtime(serde_saphyr::from_str(&text).unwrap())
+}
+
+#[test]
+fn python_sets_the_env_init_variables_and_port() {
+    let runtime = python_distributed();
+    let job = test_job(
+        "lr",
+        json!({"runtimeRef": {"name": "python-distributed", "kind": "ClusterTrainingRuntime"},
+               "trainer": {"numNodes": 3, "env": [{"name": "EPOCHS", "value": "40"}]}}),
+    );
+    assert!(validate(&job, &runtime).is_ok());
+    let objects = build(&job, &runtime);
+    let node_job = rjob(object(&objects, "JobSet"), "node");
+    assert_eq!(counts(node_job), (3, 3));
+    let node = container(node_job, "node");
+    let names: Vec<&str> = node["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["EPOCHS", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"]
+    );
+    assert_eq!(env_value(node, "WORLD_SIZE"), "3");
+    assert_eq!(
+        env(node, "RANK")["valueFrom"],
+        json!({"fieldRef": {"fieldPath": COMPLETION_INDEX}})
+    );
+    assert_eq!(env_value(node, "MASTER_ADDR"), "lr-node-0-0.lr");
+    assert_eq!(env_value(node, "MASTER_PORT"), "29500");
+    assert_eq!(node["ports"], json!([{"containerPort": 29500}]));
+}
+
 // ---------------------------------------------------------------------------
 // Upstream manifests.
 
@@ -935,6 +978,7 @@ fn reserved_env_names_are_rejected_per_entry() {
         )),
         "JAX_PROCESS_ID",
     );
+    check(python_distributed(), "RANK");
     // Without the policy the name is free.
     let plain = training_runtime(json!({"template": {"spec": {"replicatedJobs": three_jobs()}}}));
     let job = test_job(
@@ -1256,6 +1300,12 @@ fn descriptors_declare_what_each_plugin_handles() {
     assert_eq!(Harness::<Mpi>::new().describe().frameworks, ["mpi"]);
     assert_eq!(Harness::<PlainMl>::new().describe().frameworks, ["plainml"]);
     assert_eq!(Harness::<Jax>::new().describe().frameworks, ["jax"]);
+    let python = Harness::<Python>::new().describe();
+    assert_eq!(python.frameworks, ["python"]);
+    assert_eq!(
+        python.reserved_env,
+        ["WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"]
+    );
     assert_eq!(Harness::<Xgboost>::new().describe().frameworks, ["xgboost"]);
     assert_eq!(
         Harness::<Coscheduling>::new().describe().pod_group_policies,
