@@ -892,6 +892,11 @@ impl Dispatch {
             if let Some(m) = meta.as_object_mut() {
                 m.remove("resourceVersion");
             }
+            // The spoke is where the pod runs: `kubectl get pods -o wide`
+            // shows it as the node.
+            if pod["spec"].is_object() && pod["spec"]["nodeName"].is_null() {
+                pod["spec"]["nodeName"] = spoke.into();
+            }
             ops.push(Op::Put {
                 key: Key::new(PODS, Some(&key.namespace), &name),
                 value: pod,

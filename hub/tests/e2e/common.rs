@@ -23,6 +23,8 @@ pub struct DevHub {
     pub port: u16,
     /// Extra `trainhub dev` flags (spokes, dispatch settings).
     args: Vec<String>,
+    /// Extra environment of the hub process.
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -40,12 +42,21 @@ impl DevHub {
 
     /// As [`start_with`], with `trainhub dev` flags.
     pub fn start_args(args: &[&str], prepare: impl FnOnce(&Path)) -> DevHub {
+        Self::start_env(args, &[], prepare)
+    }
+
+    /// As [`start_args`], with extra environment for the hub process.
+    pub fn start_env(args: &[&str], env: &[(&str, String)], prepare: impl FnOnce(&Path)) -> DevHub {
         let dir = tempfile::tempdir().expect("temp dir");
         prepare(dir.path());
         let mut hub = DevHub {
             dir,
             port: 0,
             args: args.iter().map(|a| a.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             child: None,
         };
         hub.launch();
@@ -69,6 +80,7 @@ impl DevHub {
             .arg(self.dir.path())
             .args(["--api-port", &self.port.to_string()])
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())

@@ -1,4 +1,6 @@
-"""The unmodified Kubeflow SDK (PyPI `kubeflow`) against a trainhub hub.
+"""The unmodified Kubeflow SDK (PyPI `kubeflow`) against a trainhub hub with
+two local process spokes: list_runtimes, train a CustomTrainer on two nodes,
+wait for it to complete, read each node's logs, delete it.
 
 Usage: python3 sdk.py KUBECONFIG
 Exits non-zero with a message on the first failed expectation.
@@ -11,7 +13,10 @@ from kubeflow.trainer import CustomTrainer, TrainerClient
 
 
 def train_fn():
-    print("hello from a trainhub TrainJob")
+    import os
+
+    rank, world = os.environ["RANK"], os.environ["WORLD_SIZE"]
+    print(f"hello from rank {rank} of {world} via {os.environ['MASTER_ADDR']}")
 
 
 def main(kubeconfig: str) -> None:
@@ -35,6 +40,16 @@ def main(kubeconfig: str) -> None:
     assert job.num_nodes == 2, job
     jobs = [j.name for j in client.list_jobs()]
     assert name in jobs, f"list_jobs() lacks {name}: {jobs}"
+
+    job = client.wait_for_job_status(name, status={"Complete"}, timeout=180, polling_interval=1)
+    assert job.status == "Complete", job
+    nodes = sorted(s.name for s in job.steps if s.name.startswith("node"))
+    assert nodes == ["node-0", "node-1"], job.steps
+    for rank in (0, 1):
+        logs = "\n".join(client.get_job_logs(name, step=f"node-{rank}"))
+        assert f"hello from rank {rank} of 2 via 127.0.0.1" in logs, f"node-{rank} logs: {logs!r}"
+        followed = "\n".join(client.get_job_logs(name, step=f"node-{rank}", follow=True))
+        assert f"hello from rank {rank} of 2" in followed, f"node-{rank} followed: {followed!r}"
 
     client.delete_job(name)
     jobs = [j.name for j in client.list_jobs()]

@@ -1,5 +1,7 @@
 //! The unmodified Kubeflow Python SDK (`pip install kubeflow`) against
-//! `trainhub dev`: list_runtimes, train, get_job, list_jobs, delete_job.
+//! `trainhub dev` with two process spokes: list_runtimes, train on two
+//! nodes, wait_for_job_status, get_job_logs (also following) from each node,
+//! list_jobs, delete_job.
 
 use std::path::Path;
 use std::process::Command;
@@ -23,7 +25,32 @@ fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
         "the Kubeflow SDK is not installed for {}: `pip install kubeflow` (or set TRAINHUB_PYTHON)",
         python()
     );
-    let hub = DevHub::start();
+    // The SDK's CustomTrainer runs its function with `python`: the spokes
+    // run it with the interpreter the SDK is installed for.
+    let interpreter = Command::new(python())
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python");
+    let bin = Path::new(String::from_utf8_lossy(&interpreter.stdout).trim())
+        .parent()
+        .expect("interpreter directory")
+        .to_path_buf();
+    let venv_python = bin.join("python");
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    assert!(
+        venv_python.exists()
+            || Command::new("python")
+                .arg("-V")
+                .status()
+                .is_ok_and(|s| s.success()),
+        "no `python` next to {} or on PATH for the SDK's command",
+        bin.display()
+    );
+    let hub = DevHub::start_env(&["--spokes", "2"], &[("PATH", path)], |_| {});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk.py");
     let out = Command::new(python())
         .arg(script)

@@ -236,13 +236,25 @@ impl PodState {
             (Phase::Running, None) => json!({"running": {"startedAt": self.started}}),
             _ => json!({"waiting": {"reason": "PodInitializing"}}),
         };
+        let image = |name: &str| {
+            plan.spec["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == name)
+                .and_then(|c| c["image"].as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        // Kubernetes clients require image and imageID on every status.
         let statuses: Vec<Value> = plan
             .containers
             .iter()
             .map(|c| {
                 json!({
                     "name": c.name,
-                    "image": "",
+                    "image": image(&c.name),
+                    "imageID": "",
                     "ready": self.phase == Phase::Running,
                     "restartCount": 0,
                     "started": self.phase == Phase::Running,
