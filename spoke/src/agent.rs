@@ -260,7 +260,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
         }))
     };
     let mut inbound = response.into_inner();
-    let result = loop {
+    loop {
         match inbound.next().await {
             Some(Ok(pb::HubMessage {
                 message: Some(message),
@@ -269,8 +269,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
             Some(Err(status)) => break Err(AgentError::Status(status)),
             None => break Ok(()),
         }
-    };
-    result
+    }
 }
 
 fn capacity(backend: &dyn Backend) -> Vec<pb::Capacity> {

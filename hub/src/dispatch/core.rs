@@ -549,7 +549,7 @@ impl Dispatcher {
         let current = job.generation == generation;
         let Phase::Queued { offers, .. } = &mut job.phase else {
             // Already won elsewhere, or no longer wanted.
-            return if admitted && job.placed_on() != Some(spoke) || !current && admitted {
+            return if admitted && (!current || job.placed_on() != Some(spoke)) {
                 vec![withdraw()]
             } else {
                 Vec::new()
