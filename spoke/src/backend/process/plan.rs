@@ -1,735 +1,1438 @@
-//! What a run of the process backend executes, worked out from the built
-//! JobSet without any I/O: the pods of each replicated job, the argv and
-//! environment of each container (fieldRefs resolved, endpoints rewritten
-//! to this machine), the JobSet policies, and the JobSet status that pod
-//! phases amount to.
+//! A JobSet (and the ConfigMaps and Secrets built with it) read into a plan of
+//! pods, and each pod resolved into processes: command, args and env with
+//! fieldRefs, key refs and `$(VAR)` references resolved and endpoints
+//! rewritten. No I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::{Map, Value, json};
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{Value, json};
 
-/// The annotation (and label) with a pod's completion index.
-pub const COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+use super::quantity::parse_quantity_milli;
+use super::rewrite::{Endpoints, LOCAL_IP};
+use crate::backend::PodSetRequest;
 
-/// A Kubernetes quantity (`2`, `500m`, `4Gi`, `1e3`, `1.5k`) in milli-units,
-/// rounded up.
-pub fn parse_quantity_milli(text: &str) -> Result<i64, String> {
-    let invalid = || format!("quantity {text:?} is not valid");
-    let t = text.trim();
-    let split = t
-        .char_indices()
-        .find(|(i, c)| !(c.is_ascii_digit() || *c == '.' || (*i == 0 && (*c == '+' || *c == '-'))))
-        .map_or(t.len(), |(i, _)| i);
-    let (number, suffix) = t.split_at(split);
-    let (negative, digits) = match number.strip_prefix('-') {
-        Some(d) => (true, d),
-        None => (false, number.strip_prefix('+').unwrap_or(number)),
-    };
-    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    if int.is_empty() && frac.is_empty()
-        || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_digit())
-    {
-        return Err(invalid());
-    }
-    // value = mantissa × 10^-scale
-    let mantissa: i128 = format!("{int}{frac}").parse().map_err(|_| invalid())?;
-    let scale = i32::try_from(frac.len()).map_err(|_| invalid())?;
-    let (mult, exp10): (i128, i32) = match suffix {
-        "" => (1, 0),
-        "n" => (1, -9),
-        "u" => (1, -6),
-        "m" => (1, -3),
-        "k" => (1, 3),
-        "M" => (1, 6),
-        "G" => (1, 9),
-        "T" => (1, 12),
-        "P" => (1, 15),
-        "E" => (1, 18),
-        "Ki" => (1 << 10, 0),
-        "Mi" => (1 << 20, 0),
-        "Gi" => (1 << 30, 0),
-        "Ti" => (1 << 40, 0),
-        "Pi" => (1 << 50, 0),
-        "Ei" => (1 << 60, 0),
-        s if s.starts_with(['e', 'E']) => (1, s[1..].parse::<i32>().map_err(|_| invalid())?),
-        _ => return Err(invalid()),
-    };
-    // milli = mantissa × mult × 10^(exp10 + 3 - scale), rounded up.
-    let power = exp10 + 3 - scale;
-    let base = mantissa.checked_mul(mult).ok_or_else(invalid)?;
-    let milli = if power >= 0 {
-        10i128
-            .checked_pow(power.unsigned_abs())
-            .and_then(|p| base.checked_mul(p))
-            .ok_or_else(invalid)?
-    } else {
-        let div = 10i128
-            .checked_pow(power.unsigned_abs())
-            .ok_or_else(invalid)?;
-        base / div + i128::from(base % div != 0)
-    };
-    let milli = if negative { -milli } else { milli };
-    i64::try_from(milli).map_err(|_| format!("quantity {text:?} is too large"))
+/// `apiVersion` of the JobSet the backend runs.
+pub const JOBSET_API_VERSION: &str = "jobset.x-k8s.io/v1alpha2";
+
+/// Label and annotation keys the JobSet and Job controllers put on pods.
+pub mod keys {
+    pub const JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
+    pub const REPLICATED_JOB_NAME: &str = "jobset.sigs.k8s.io/replicatedjob-name";
+    pub const REPLICATED_JOB_REPLICAS: &str = "jobset.sigs.k8s.io/replicatedjob-replicas";
+    pub const JOB_INDEX: &str = "jobset.sigs.k8s.io/job-index";
+    pub const JOB_GLOBAL_INDEX: &str = "jobset.sigs.k8s.io/job-global-index";
+    pub const RESTART_ATTEMPT: &str = "jobset.sigs.k8s.io/restart-attempt";
+    pub const JOB_COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+    pub const BATCH_JOB_NAME: &str = "batch.kubernetes.io/job-name";
+    pub const JOB_NAME: &str = "job-name";
+    /// The env var the Job controller gives every container of an Indexed Job's pods.
+    pub const JOB_COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
 }
 
-/// One container to run.
+/// Most pods one run may have.
+pub const MAX_PODS: u64 = 4096;
+
+/// A run: the JobSet's replicated jobs and policies, and the data of the
+/// ConfigMaps and Secrets built with it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ContainerPlan {
+pub struct RunPlan {
+    pub namespace: String,
+    /// The JobSet's name.
     pub name: String,
-    pub argv: Vec<String>,
-    pub env: Vec<(String, String)>,
+    /// Subdomain of the pods' host names.
+    pub subdomain: String,
+    pub replicated_jobs: Vec<ReplicatedJobPlan>,
+    pub success: SuccessRule,
+    /// None: the JobSet has no failure policy (any failed Job fails it).
+    pub failure: Option<FailureRules>,
+    /// Every `containerPort` any container declares.
+    pub ports: BTreeSet<i32>,
+    pub config_maps: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
+    pub secrets: BTreeMap<String, BTreeMap<String, Vec<u8>>>,
 }
 
-/// One pod: a completion index of one Job of one replicated job.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PodPlan {
-    /// `<jobset>-<rjob>-<jobIndex>-<index>`; the pod name adds a suffix.
-    pub base_name: String,
-    pub replicated_job: String,
-    pub job_index: i64,
-    pub index: i64,
-    pub init_containers: Vec<ContainerPlan>,
-    pub containers: Vec<ContainerPlan>,
-    pub labels: Map<String, Value>,
-    pub annotations: Map<String, Value>,
-    /// The pod template's spec with hostname and subdomain set.
-    pub spec: Value,
-    /// Why the pod cannot run, if it cannot (it then fails at once).
-    pub error: Option<String>,
-}
-
-/// A replicated job and its pods.
+/// One replicated job: `replicas` Jobs of `completions` indexed pods each.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicatedJobPlan {
     pub name: String,
-    /// (replicated job, `Ready` | `Complete`) that must hold first.
-    pub depends_on: Vec<(String, String)>,
-    pub pods: Vec<PodPlan>,
+    pub replicas: u32,
+    pub completions: u32,
+    /// Most pods of one Job running at once.
+    pub parallelism: u32,
+    /// Failed pods a Job tolerates before it fails (Kubernetes default 6).
+    pub backoff_limit: u32,
+    pub indexed: bool,
+    /// Replicated jobs (by position) and the status each must reach first.
+    pub depends_on: Vec<(usize, DependsOnStatus)>,
+    pub pod_labels: BTreeMap<String, String>,
+    pub pod_annotations: BTreeMap<String, String>,
+    /// The pod template's spec, as given.
+    pub pod_spec: Value,
+    pub service_account: String,
+    pub init_containers: Vec<Container>,
+    pub containers: Vec<Container>,
+    pub volumes: Vec<Volume>,
+    /// Per-pod requests (Kubernetes' effective pod request), milli-units.
+    pub requests_milli: BTreeMap<String, i64>,
 }
 
-/// The whole run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunPlan {
-    pub replicated_jobs: Vec<ReplicatedJobPlan>,
-    /// successPolicy: `All` (default) or `Any`, over these replicated jobs.
-    pub success_any: bool,
-    pub success_targets: Vec<String>,
-    /// failurePolicy.maxRestarts.
-    pub max_restarts: i64,
-    /// Requests of the whole gang, milli-units.
-    pub demand: BTreeMap<String, i64>,
+/// Status a dependency must reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DependsOnStatus {
+    Ready,
+    Complete,
 }
 
-/// Every containerPort the JobSet declares.
-pub fn declared_ports(jobset: &Value) -> BTreeSet<i64> {
-    let mut ports = BTreeSet::new();
-    for rjob in jobset["spec"]["replicatedJobs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let spec = &rjob["template"]["spec"]["template"]["spec"];
-        for c in ["containers", "initContainers"]
-            .iter()
-            .flat_map(|k| spec[*k].as_array().into_iter().flatten())
-        {
-            for p in c["ports"].as_array().into_iter().flatten() {
-                if let Some(port) = p["containerPort"].as_i64() {
-                    ports.insert(port);
-                }
-            }
-        }
-    }
-    ports
+/// `successPolicy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SuccessRule {
+    /// Operator `Any` (else `All`).
+    pub any: bool,
+    /// Target replicated jobs by position; all when the policy names none.
+    pub targets: Vec<usize>,
 }
 
-/// Rewrites endpoint names of the run to 127.0.0.1 and declared ports to
-/// the run's local ports.
-struct Rewriter {
-    /// (name, replacement), longest names first.
-    names: Vec<String>,
-    ports: BTreeMap<i64, u16>,
+/// `failurePolicy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureRules {
+    pub max_restarts: i32,
+    pub rules: Vec<FailureRule>,
 }
 
-impl Rewriter {
-    fn rewrite(&self, value: &str) -> String {
-        let mut out = value.to_string();
-        for name in &self.names {
-            if out.contains(name.as_str()) {
-                out = out.replace(name.as_str(), "127.0.0.1");
-            }
-        }
-        if let Ok(port) = out.trim().parse::<i64>()
-            && let Some(local) = self.ports.get(&port)
-        {
-            return local.to_string();
-        }
-        for (port, local) in &self.ports {
-            out = out.replace(&format!("127.0.0.1:{port}"), &format!("127.0.0.1:{local}"));
-        }
-        out
-    }
+/// One `failurePolicy.rules[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureRule {
+    pub action: FailureAction,
+    /// Job failure reasons that match; empty matches all.
+    pub on_job_failure_reasons: Vec<String>,
+    /// Replicated job names; empty matches all.
+    pub target_replicated_jobs: Vec<String>,
 }
 
-fn field_ref(
-    path: &str,
-    pod_name: &str,
+/// What a failed Job does to the JobSet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureAction {
+    FailJobSet,
+    /// Also stands for `RestartJob`: the process backend restarts the whole set.
+    RestartJobSet,
+    /// Also stands for `RestartJobAndIgnoreMaxRestarts`.
+    RestartJobSetAndIgnoreMaxRestarts,
+}
+
+// ---------------------------------------------------------------- input docs
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct Meta {
+    name: Option<String>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JobSetDoc {
+    api_version: String,
+    kind: String,
+    metadata: Meta,
+    spec: JobSetSpecDoc,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JobSetSpecDoc {
+    replicated_jobs: Vec<ReplicatedJobDoc>,
+    network: Option<NetworkDoc>,
+    success_policy: Option<SuccessPolicyDoc>,
+    failure_policy: Option<FailurePolicyDoc>,
+    startup_policy: Option<StartupPolicyDoc>,
+    suspend: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct NetworkDoc {
+    subdomain: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct SuccessPolicyDoc {
+    operator: Option<String>,
+    target_replicated_jobs: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct FailurePolicyDoc {
+    max_restarts: Option<i32>,
+    rules: Vec<FailureRuleDoc>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct FailureRuleDoc {
+    action: String,
+    on_job_failure_reasons: Vec<String>,
+    target_replicated_jobs: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct StartupPolicyDoc {
+    startup_policy_order: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct ReplicatedJobDoc {
+    name: String,
+    replicas: Option<i64>,
+    depends_on: Vec<DependsOnDoc>,
+    template: JobTemplateDoc,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct DependsOnDoc {
+    name: String,
+    status: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JobTemplateDoc {
+    spec: JobSpecDoc,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct JobSpecDoc {
+    parallelism: Option<i64>,
+    completions: Option<i64>,
+    backoff_limit: Option<i64>,
+    completion_mode: Option<String>,
+    template: PodTemplateDoc,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PodTemplateDoc {
+    metadata: Meta,
+    spec: Value,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PodSpecDoc {
+    init_containers: Vec<Container>,
+    containers: Vec<Container>,
+    volumes: Vec<Volume>,
+    service_account_name: Option<String>,
+}
+
+/// A container of the pod template (the fields the process backend uses).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Container {
+    pub name: String,
+    pub image: Option<String>,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    pub env: Vec<EnvVar>,
+    pub env_from: Vec<EnvFrom>,
+    pub ports: Vec<ContainerPort>,
+    pub resources: Resources,
+    pub restart_policy: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ContainerPort {
+    pub container_port: i32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Resources {
+    pub requests: BTreeMap<String, Value>,
+    pub limits: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: Option<String>,
+    pub value_from: Option<EnvVarSource>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EnvVarSource {
+    pub field_ref: Option<FieldRef>,
+    pub config_map_key_ref: Option<KeyRef>,
+    pub secret_key_ref: Option<KeyRef>,
+    pub resource_field_ref: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FieldRef {
+    pub field_path: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KeyRef {
+    pub name: String,
+    pub key: String,
+    pub optional: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct EnvFrom {
+    pub prefix: Option<String>,
+    pub config_map_ref: Option<NameRef>,
+    pub secret_ref: Option<NameRef>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NameRef {
+    pub name: String,
+    pub optional: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Volume {
+    pub name: String,
+    pub config_map: Option<ConfigMapVolume>,
+    pub secret: Option<SecretVolume>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ConfigMapVolume {
+    pub name: String,
+    pub items: Vec<KeyToPath>,
+    pub optional: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SecretVolume {
+    pub secret_name: String,
+    pub items: Vec<KeyToPath>,
+    pub optional: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct KeyToPath {
+    pub key: String,
+    pub path: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct DataObjectDoc {
+    kind: String,
+    metadata: Meta,
+    data: BTreeMap<String, String>,
+    binary_data: BTreeMap<String, String>,
+    string_data: BTreeMap<String, String>,
+}
+
+// ------------------------------------------------------------------ planning
+
+/// Reads the objects of a run (JobSet first) into a plan.
+///
+/// # Errors
+///
+/// A message naming the field and the rule when the objects are not a JobSet
+/// v1alpha2 this backend can run.
+pub fn plan_run(
     namespace: &str,
-    labels: &Map<String, Value>,
-    annotations: &Map<String, Value>,
-) -> Option<String> {
-    let bracket = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .and_then(|r| r.strip_suffix("']"))
-            .map(String::from)
-    };
-    match path {
-        "metadata.name" => Some(pod_name.to_string()),
-        "metadata.namespace" => Some(namespace.to_string()),
-        "status.podIP" | "status.hostIP" => Some("127.0.0.1".into()),
-        "spec.nodeName" => Some("localhost".into()),
-        "spec.serviceAccountName" => Some("default".into()),
-        _ => {
-            if let Some(k) = bracket("metadata.labels['") {
-                return labels.get(&k).and_then(Value::as_str).map(String::from);
-            }
-            if let Some(k) = bracket("metadata.annotations['") {
-                return annotations
-                    .get(&k)
-                    .and_then(Value::as_str)
-                    .map(String::from);
-            }
-            None
-        }
+    fallback_name: &str,
+    objects: &[Value],
+) -> Result<RunPlan, String> {
+    let first = objects
+        .first()
+        .ok_or("objects: empty; the first object must be a JobSet")?;
+    let doc: JobSetDoc = serde_json::from_value(first.clone())
+        .map_err(|e| format!("objects[0]: not a readable JobSet: {e}"))?;
+    if doc.api_version != JOBSET_API_VERSION || doc.kind != "JobSet" {
+        return Err(format!(
+            "objects[0]: apiVersion {:?} kind {:?}; must be {JOBSET_API_VERSION} JobSet",
+            doc.api_version, doc.kind
+        ));
     }
-}
+    if doc.spec.suspend == Some(true) {
+        return Err("objects[0].spec.suspend: true; the process backend runs JobSets that are not suspended".into());
+    }
+    let name = doc
+        .metadata
+        .name
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| fallback_name.to_owned());
+    let subdomain = doc
+        .spec
+        .network
+        .and_then(|n| n.subdomain)
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| name.clone());
+    if doc.spec.replicated_jobs.is_empty() {
+        return Err("objects[0].spec.replicatedJobs: empty; a JobSet needs at least one".into());
+    }
+    let in_order = doc
+        .spec
+        .startup_policy
+        .and_then(|p| p.startup_policy_order)
+        .is_some_and(|o| o == "InOrder");
 
-/// The data of the run's ConfigMaps and Secrets by name, for env refs.
-fn config_data(objects: &[Value]) -> BTreeMap<(String, String), BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for o in objects {
-        let kind = o["kind"].as_str().unwrap_or_default();
+    let mut replicated_jobs = Vec::new();
+    let mut ports = BTreeSet::new();
+    let mut total_pods: u64 = 0;
+    for (i, rjob) in doc.spec.replicated_jobs.into_iter().enumerate() {
+        let field = format!("objects[0].spec.replicatedJobs[{i}]");
+        let plan = plan_replicated_job(&field, rjob, &replicated_jobs, in_order)?;
+        for c in plan.containers.iter().chain(&plan.init_containers) {
+            ports.extend(c.ports.iter().map(|p| p.container_port).filter(|p| *p > 0));
+        }
+        total_pods += u64::from(plan.replicas) * u64::from(plan.completions);
+        if total_pods > MAX_PODS {
+            return Err(format!(
+                "objects[0].spec.replicatedJobs: more than {MAX_PODS} pods in one run"
+            ));
+        }
+        replicated_jobs.push(plan);
+    }
+
+    let position = |field: &str, name: &str| {
+        replicated_jobs
+            .iter()
+            .position(|r| r.name == name)
+            .ok_or_else(|| format!("{field}: no replicated job named {name:?}"))
+    };
+    let success = match doc.spec.success_policy {
+        None => SuccessRule {
+            any: false,
+            targets: (0..replicated_jobs.len()).collect(),
+        },
+        Some(policy) => {
+            let any = match policy.operator.as_deref() {
+                None | Some("All") => false,
+                Some("Any") => true,
+                Some(other) => {
+                    return Err(format!(
+                        "objects[0].spec.successPolicy.operator: {other:?}; must be All or Any"
+                    ));
+                }
+            };
+            let targets = if policy.target_replicated_jobs.is_empty() {
+                (0..replicated_jobs.len()).collect()
+            } else {
+                policy
+                    .target_replicated_jobs
+                    .iter()
+                    .map(|t| position("objects[0].spec.successPolicy.targetReplicatedJobs", t))
+                    .collect::<Result<_, _>>()?
+            };
+            SuccessRule { any, targets }
+        }
+    };
+    let failure = doc
+        .spec
+        .failure_policy
+        .map(|policy| {
+            let rules = policy
+                .rules
+                .into_iter()
+                .enumerate()
+                .map(|(i, rule)| {
+                    let action = match rule.action.as_str() {
+                        "FailJobSet" => FailureAction::FailJobSet,
+                        "RestartJobSet" | "RestartJob" => FailureAction::RestartJobSet,
+                        "RestartJobSetAndIgnoreMaxRestarts" | "RestartJobAndIgnoreMaxRestarts" => {
+                            FailureAction::RestartJobSetAndIgnoreMaxRestarts
+                        }
+                        other => {
+                            return Err(format!(
+                                "objects[0].spec.failurePolicy.rules[{i}].action: unknown action {other:?}"
+                            ));
+                        }
+                    };
+                    Ok(FailureRule {
+                        action,
+                        on_job_failure_reasons: rule.on_job_failure_reasons,
+                        target_replicated_jobs: rule.target_replicated_jobs,
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok::<_, String>(FailureRules {
+                max_restarts: policy.max_restarts.unwrap_or(0).max(0),
+                rules,
+            })
+        })
+        .transpose()?;
+
+    let mut config_maps = BTreeMap::new();
+    let mut secrets = BTreeMap::new();
+    for (i, object) in objects.iter().enumerate().skip(1) {
+        let kind = object.get("kind").and_then(Value::as_str).unwrap_or("");
         if kind != "ConfigMap" && kind != "Secret" {
             continue;
         }
-        let name = o["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let doc: DataObjectDoc = serde_json::from_value(object.clone())
+            .map_err(|e| format!("objects[{i}]: not a readable {kind}: {e}"))?;
+        let object_name = doc
+            .metadata
+            .name
+            .ok_or_else(|| format!("objects[{i}].metadata.name: required"))?;
+        let decode = |key: &str, text: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .map_err(|e| format!("objects[{i}]: key {key:?} is not base64: {e}"))
+        };
         let mut data = BTreeMap::new();
-        for (k, v) in o["data"].as_object().into_iter().flatten() {
-            if let Some(v) = v.as_str() {
-                let v = if kind == "Secret" {
-                    base64_decode(v).unwrap_or_else(|| v.to_string())
-                } else {
-                    v.to_string()
-                };
-                data.insert(k.clone(), v);
+        if doc.kind == "ConfigMap" {
+            for (k, v) in doc.data {
+                data.insert(k, v.into_bytes());
             }
-        }
-        for (k, v) in o["stringData"].as_object().into_iter().flatten() {
-            if let Some(v) = v.as_str() {
-                data.insert(k.clone(), v.to_string());
+            for (k, v) in doc.binary_data {
+                let bytes = decode(&k, &v)?;
+                data.insert(k, bytes);
             }
-        }
-        out.insert((kind.to_string(), name), data);
-    }
-    out
-}
-
-fn base64_decode(s: &str) -> Option<String> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut bits = 0u32;
-    let mut n = 0;
-    let mut out = Vec::new();
-    for c in s.bytes().filter(|c| *c != b'=' && !c.is_ascii_whitespace()) {
-        let v = ALPHABET.iter().position(|a| *a == c)? as u32;
-        bits = (bits << 6) | v;
-        n += 6;
-        if n >= 8 {
-            n -= 8;
-            out.push((bits >> n) as u8);
-            bits &= (1 << n) - 1;
+            config_maps.insert(object_name, data);
+        } else {
+            for (k, v) in doc.data {
+                let bytes = decode(&k, &v)?;
+                data.insert(k, bytes);
+            }
+            for (k, v) in doc.string_data {
+                data.insert(k, v.into_bytes());
+            }
+            secrets.insert(object_name, data);
         }
     }
-    String::from_utf8(out).ok()
-}
 
-/// Plans the run of `jobset` in `namespace` with the run's local `ports`.
-pub fn plan(
-    namespace: &str,
-    jobset: &Value,
-    objects: &[Value],
-    extra_env: &[(String, String)],
-    ports: &BTreeMap<i64, u16>,
-) -> Result<RunPlan, String> {
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .ok_or("the JobSet has no metadata.name")?;
-    let spec = &jobset["spec"];
-    let subdomain = spec["network"]["subdomain"].as_str().unwrap_or(name);
-    let rjobs = spec["replicatedJobs"]
-        .as_array()
-        .ok_or("the JobSet has no spec.replicatedJobs")?;
-    let data = config_data(objects);
-
-    // Every endpoint name of the run, in its short and long forms.
-    let mut names = Vec::new();
-    for rjob in rjobs {
-        let rname = rjob["name"].as_str().unwrap_or_default();
-        let replicas = rjob["replicas"].as_i64().unwrap_or(1);
-        let parallelism = rjob["template"]["spec"]["parallelism"]
-            .as_i64()
-            .unwrap_or(1);
-        for j in 0..replicas.clamp(0, 1000) {
-            for p in 0..parallelism.clamp(0, 10_000) {
-                let host = format!("{name}-{rname}-{j}-{p}");
-                for suffix in [".svc.cluster.local", ".svc", ""] {
-                    names.push(format!("{host}.{subdomain}.{namespace}{suffix}"));
-                }
-                names.push(format!("{host}.{subdomain}"));
-            }
-        }
-    }
-    names.sort_by_key(|n| std::cmp::Reverse(n.len()));
-    let rewriter = Rewriter {
-        names,
-        ports: ports.clone(),
-    };
-
-    let mut demand: BTreeMap<String, i64> = BTreeMap::new();
-    let mut planned = Vec::new();
-    for rjob in rjobs {
-        let rname = rjob["name"].as_str().unwrap_or_default().to_string();
-        let replicas = rjob["replicas"].as_i64().unwrap_or(1).clamp(0, 1000);
-        let job_spec = &rjob["template"]["spec"];
-        let parallelism = job_spec["parallelism"]
-            .as_i64()
-            .unwrap_or(1)
-            .clamp(0, 10_000);
-        let template = &job_spec["template"];
-        let pod_spec = &template["spec"];
-        let depends_on = rjob["dependsOn"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|d| {
-                Some((
-                    d["name"].as_str()?.to_string(),
-                    d["status"].as_str().unwrap_or("Complete").to_string(),
-                ))
-            })
-            .collect();
-        let mut pods = Vec::new();
-        for j in 0..replicas {
-            for index in 0..parallelism {
-                let base_name = format!("{name}-{rname}-{j}-{index}");
-                let mut labels = template["metadata"]["labels"]
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default();
-                for (k, v) in [
-                    ("jobset.sigs.k8s.io/jobset-name", name.to_string()),
-                    ("jobset.sigs.k8s.io/replicatedjob-name", rname.clone()),
-                    ("jobset.sigs.k8s.io/job-index", j.to_string()),
-                    (
-                        "jobset.sigs.k8s.io/replicatedjob-replicas",
-                        replicas.to_string(),
-                    ),
-                    (COMPLETION_INDEX, index.to_string()),
-                    ("job-name", format!("{name}-{rname}-{j}")),
-                ] {
-                    labels.insert(k.to_string(), v.into());
-                }
-                let mut annotations = template["metadata"]["annotations"]
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default();
-                annotations.insert(COMPLETION_INDEX.to_string(), index.to_string().into());
-                let mut error = None;
-                let mut container = |c: &Value| -> ContainerPlan {
-                    let cname = c["name"].as_str().unwrap_or("main").to_string();
-                    let mut argv: Vec<String> = c["command"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .chain(c["args"].as_array().into_iter().flatten())
-                        .filter_map(|a| a.as_str().map(|a| rewriter.rewrite(a)))
-                        .collect();
-                    if c["command"].as_array().is_none_or(Vec::is_empty) {
-                        error.get_or_insert(format!(
-                            "container {cname} has no command: the process backend runs commands, not images"
-                        ));
-                        argv.clear();
-                    }
-                    let mut env = vec![
-                        ("JOB_COMPLETION_INDEX".to_string(), index.to_string()),
-                        ("HOSTNAME".to_string(), base_name.clone()),
-                    ];
-                    for var in c["env"].as_array().into_iter().flatten() {
-                        let Some(var_name) = var["name"].as_str() else {
-                            continue;
-                        };
-                        let value = if let Some(v) = var["value"].as_str() {
-                            Some(v.to_string())
-                        } else if let Some(path) =
-                            var["valueFrom"]["fieldRef"]["fieldPath"].as_str()
-                        {
-                            field_ref(path, &base_name, namespace, &labels, &annotations)
-                        } else if let Some(r) = var["valueFrom"]["configMapKeyRef"].as_object() {
-                            lookup(&data, "ConfigMap", r)
-                        } else if let Some(r) = var["valueFrom"]["secretKeyRef"].as_object() {
-                            lookup(&data, "Secret", r)
-                        } else if var["valueFrom"].is_null() {
-                            Some(String::new())
-                        } else {
-                            None
-                        };
-                        match value {
-                            Some(v) => env.push((var_name.to_string(), rewriter.rewrite(&v))),
-                            None => {
-                                error.get_or_insert(format!(
-                                    "container {cname}: env {var_name}: its valueFrom cannot be resolved on this spoke"
-                                ));
-                            }
-                        }
-                    }
-                    env.extend(extra_env.iter().cloned());
-                    ContainerPlan {
-                        name: cname,
-                        argv,
-                        env,
-                    }
-                };
-                let containers: Vec<ContainerPlan> = pod_spec["containers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(&mut container)
-                    .collect();
-                let init_containers: Vec<ContainerPlan> = pod_spec["initContainers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(&mut container)
-                    .collect();
-                if containers.is_empty() {
-                    error.get_or_insert("the pod has no containers".into());
-                }
-                let mut spec = pod_spec.clone();
-                if spec.is_object() {
-                    spec["hostname"] = base_name.clone().into();
-                    spec["subdomain"] = subdomain.into();
-                }
-                pods.push(PodPlan {
-                    base_name,
-                    replicated_job: rname.clone(),
-                    job_index: j,
-                    index,
-                    init_containers,
-                    containers,
-                    labels,
-                    annotations,
-                    spec,
-                    error,
-                });
-                for c in pod_spec["containers"].as_array().into_iter().flatten() {
-                    for (r, q) in c["resources"]["requests"].as_object().into_iter().flatten() {
-                        if let Some(q) = q
-                            .as_str()
-                            .map(String::from)
-                            .or_else(|| q.as_i64().map(|n| n.to_string()))
-                        {
-                            *demand.entry(r.clone()).or_default() += parse_quantity_milli(&q)
-                                .map_err(|e| format!("{rname}: container requests {r}: {e}"))?;
-                        }
-                    }
-                }
-            }
-        }
-        planned.push(ReplicatedJobPlan {
-            name: rname,
-            depends_on,
-            pods,
-        });
-    }
-    let policy = &spec["successPolicy"];
-    let success_targets = policy["targetReplicatedJobs"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect::<Vec<_>>()
-        })
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| planned.iter().map(|r| r.name.clone()).collect());
     Ok(RunPlan {
-        replicated_jobs: planned,
-        success_any: policy["operator"].as_str() == Some("Any"),
-        success_targets,
-        max_restarts: spec["failurePolicy"]["maxRestarts"].as_i64().unwrap_or(0),
-        demand,
+        namespace: namespace.to_owned(),
+        name,
+        subdomain,
+        replicated_jobs,
+        success,
+        failure,
+        ports,
+        config_maps,
+        secrets,
     })
 }
 
-fn lookup(
-    data: &BTreeMap<(String, String), BTreeMap<String, String>>,
-    kind: &str,
-    reference: &Map<String, Value>,
-) -> Option<String> {
-    let name = reference.get("name")?.as_str()?.to_string();
-    let key = reference.get("key")?.as_str()?;
-    data.get(&(kind.to_string(), name))?.get(key).cloned()
+fn count(field: &str, value: Option<i64>, default: u32) -> Result<u32, String> {
+    match value {
+        None => Ok(default),
+        Some(v) => u32::try_from(v).map_err(|_| format!("{field}: {v}; must be 0 or more")),
+    }
 }
 
-/// A pod's phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Pending,
-    Running,
-    Succeeded,
-    Failed,
-}
+fn plan_replicated_job(
+    field: &str,
+    rjob: ReplicatedJobDoc,
+    earlier: &[ReplicatedJobPlan],
+    in_order: bool,
+) -> Result<ReplicatedJobPlan, String> {
+    if rjob.name.is_empty() {
+        return Err(format!("{field}.name: required"));
+    }
+    if earlier.iter().any(|r| r.name == rjob.name) {
+        return Err(format!("{field}.name: {:?} is listed twice", rjob.name));
+    }
+    let job = rjob.template.spec;
+    let replicas = count(&format!("{field}.replicas"), rjob.replicas, 1)?;
+    let parallelism = count(
+        &format!("{field}.template.spec.parallelism"),
+        job.parallelism,
+        1,
+    )?;
+    let completions = count(
+        &format!("{field}.template.spec.completions"),
+        job.completions,
+        parallelism,
+    )?;
+    let backoff_limit = count(
+        &format!("{field}.template.spec.backoffLimit"),
+        job.backoff_limit,
+        6,
+    )?;
+    // The JobSet webhook defaults completionMode to Indexed.
+    let indexed = match job.completion_mode.as_deref() {
+        None | Some("Indexed") => true,
+        Some("NonIndexed") => false,
+        Some(other) => {
+            return Err(format!(
+                "{field}.template.spec.completionMode: {other:?}; must be Indexed or NonIndexed"
+            ));
+        }
+    };
+    let mut depends_on = Vec::new();
+    for (d, dep) in rjob.depends_on.iter().enumerate() {
+        let position = earlier.iter().position(|r| r.name == dep.name).ok_or_else(|| {
+            format!(
+                "{field}.dependsOn[{d}].name: {:?} is not a replicated job listed before this one",
+                dep.name
+            )
+        })?;
+        let status = match dep.status.as_str() {
+            "Ready" => DependsOnStatus::Ready,
+            "Complete" => DependsOnStatus::Complete,
+            other => {
+                return Err(format!(
+                    "{field}.dependsOn[{d}].status: {other:?}; must be Ready or Complete"
+                ));
+            }
+        };
+        depends_on.push((position, status));
+    }
+    if in_order && depends_on.is_empty() && !earlier.is_empty() {
+        depends_on.push((earlier.len() - 1, DependsOnStatus::Ready));
+    }
 
-impl Phase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Pending => "Pending",
-            Phase::Running => "Running",
-            Phase::Succeeded => "Succeeded",
-            Phase::Failed => "Failed",
+    let pod_spec = match job.template.spec {
+        Value::Null => Value::Object(Default::default()),
+        spec => spec,
+    };
+    let spec: PodSpecDoc = serde_json::from_value(pod_spec.clone()).map_err(|e| {
+        format!("{field}.template.spec.template.spec: not a readable pod spec: {e}")
+    })?;
+    if spec.containers.is_empty() {
+        return Err(format!(
+            "{field}.template.spec.template.spec.containers: empty; a pod needs a container"
+        ));
+    }
+    let mut names = BTreeSet::new();
+    for (kind, list) in [
+        ("initContainers", &spec.init_containers),
+        ("containers", &spec.containers),
+    ] {
+        for (c, container) in list.iter().enumerate() {
+            if container.name.is_empty() || !names.insert(container.name.clone()) {
+                return Err(format!(
+                    "{field}.template.spec.template.spec.{kind}[{c}].name: must be set and unique in the pod"
+                ));
+            }
         }
     }
+    let requests_milli = pod_requests(field, &spec.init_containers, &spec.containers)?;
+    Ok(ReplicatedJobPlan {
+        name: rjob.name,
+        replicas,
+        completions,
+        parallelism: parallelism.min(completions),
+        backoff_limit,
+        indexed,
+        depends_on,
+        pod_labels: job.template.metadata.labels,
+        pod_annotations: job.template.metadata.annotations,
+        pod_spec,
+        service_account: spec
+            .service_account_name
+            .unwrap_or_else(|| "default".to_owned()),
+        init_containers: spec.init_containers,
+        containers: spec.containers,
+        volumes: spec.volumes,
+        requests_milli,
+    })
 }
 
-/// Where a run stands, from the phases of its pods (per replicated job).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Running,
-    Completed,
-    /// A Job failed: the replicated job's name.
-    JobFailed(String),
-}
-
-/// Whether a replicated job reached `status` (`Ready` or `Complete`).
-pub fn reached(phases: &[Phase], status: &str) -> bool {
-    match status {
-        "Ready" => phases
-            .iter()
-            .all(|p| matches!(p, Phase::Running | Phase::Succeeded)),
-        _ => phases.iter().all(|p| *p == Phase::Succeeded),
-    }
-}
-
-/// The run's outcome from pod phases by replicated job.
-pub fn outcome(plan: &RunPlan, phases: &BTreeMap<String, Vec<Phase>>) -> Outcome {
-    if let Some((name, _)) = phases.iter().find(|(_, p)| p.contains(&Phase::Failed)) {
-        return Outcome::JobFailed(name.clone());
-    }
-    let done = |t: &String| phases.get(t).is_some_and(|p| reached(p, "Complete"));
-    let complete = if plan.success_any {
-        plan.success_targets.iter().any(done)
-    } else {
-        plan.success_targets.iter().all(done)
-    };
-    if complete {
-        Outcome::Completed
-    } else {
-        Outcome::Running
-    }
-}
-
-/// The JobSet's status: replicatedJobsStatus (counted in Jobs, as the
-/// JobSet controller counts), restarts and, once it ended, the terminal
-/// condition. `pods` holds (job index, phase) per replicated job.
-pub fn jobset_status(
-    pods: &BTreeMap<String, Vec<(i64, Phase)>>,
-    restarts: i64,
-    terminal: Option<(&Outcome, &str)>,
-) -> Value {
-    let rjobs: Vec<Value> = pods
-        .iter()
-        .map(|(name, pods)| {
-            let mut jobs: BTreeMap<i64, Vec<Phase>> = BTreeMap::new();
-            for (j, phase) in pods {
-                jobs.entry(*j).or_default().push(*phase);
+/// Kubernetes' effective pod request: the larger of the sum over containers
+/// and the largest init container, per resource; a limit stands in for a
+/// missing request.
+fn pod_requests(
+    field: &str,
+    init: &[Container],
+    main: &[Container],
+) -> Result<BTreeMap<String, i64>, String> {
+    let container_requests = |c: &Container| -> Result<BTreeMap<String, i64>, String> {
+        let mut out = BTreeMap::new();
+        for (source, map) in [
+            ("limits", &c.resources.limits),
+            ("requests", &c.resources.requests),
+        ] {
+            for (resource, value) in map {
+                let text = match value {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    other => other.to_string(),
+                };
+                let milli = parse_quantity_milli(&text).map_err(|e| {
+                    format!(
+                        "{field}: container {:?} resources.{source}.{resource}: {e}",
+                        c.name
+                    )
+                })?;
+                out.insert(resource.clone(), milli);
             }
-            let count = |f: &dyn Fn(&[Phase]) -> bool| jobs.values().filter(|p| f(p)).count();
-            let failed = |p: &[Phase]| p.contains(&Phase::Failed);
-            let succeeded = |p: &[Phase]| p.iter().all(|x| *x == Phase::Succeeded);
-            json!({
-                "name": name,
-                "ready": count(&|p| !failed(p) && !succeeded(p) && reached(p, "Ready")),
-                "succeeded": count(&succeeded),
-                "failed": count(&failed),
-                "active": count(&|p| !failed(p) && !succeeded(p)),
-                "suspended": 0,
-            })
-        })
-        .collect();
-    let mut status = json!({
-        "restarts": restarts,
-        "replicatedJobsStatus": rjobs,
-    });
-    if let Some((outcome, now)) = terminal {
-        let (type_, reason, message, state) = match outcome {
-            Outcome::Completed => (
-                "Completed",
-                "AllJobsCompleted",
-                "jobset completed successfully".to_string(),
-                "Completed",
-            ),
-            Outcome::JobFailed(job) => (
-                "Failed",
-                "FailedJobs",
-                format!(
-                    "jobset failed due to one or more job failures: replicated job {job} failed"
-                ),
-                "Failed",
-            ),
-            Outcome::Running => return status,
-        };
-        status["conditions"] = json!([{
-            "type": type_,
-            "status": "True",
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": now,
-        }]);
-        status["terminalState"] = state.into();
+        }
+        Ok(out)
+    };
+    let mut total: BTreeMap<String, i64> = BTreeMap::new();
+    for c in main {
+        for (r, m) in container_requests(c)? {
+            let slot = total.entry(r).or_default();
+            *slot = slot.saturating_add(m);
+        }
     }
-    status
+    for c in init {
+        for (r, m) in container_requests(c)? {
+            let slot = total.entry(r).or_default();
+            *slot = (*slot).max(m);
+        }
+    }
+    Ok(total)
+}
+
+/// Who a pod is: what its env fieldRefs read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    pub name: String,
+    pub uid: String,
+    /// The JobSet restart this pod belongs to.
+    pub restarts: i32,
+}
+
+/// What a pod needs besides its identity.
+#[derive(Debug, Clone, Default)]
+pub struct ResolveContext<'a> {
+    pub endpoints: Endpoints,
+    pub node_name: &'a str,
+    /// Env given to every container that does not set the name itself.
+    pub extra_env: &'a [(String, String)],
+}
+
+/// A container ready to run as a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Process {
+    pub name: String,
+    pub program: String,
+    pub args: Vec<String>,
+    /// In order; a later entry wins.
+    pub env: Vec<(String, String)>,
+}
+
+/// A pod ready to run: init containers one after another, then containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedPod {
+    pub init: Vec<Process>,
+    pub main: Vec<Process>,
+    /// Files of the pod's ConfigMap and Secret volumes, relative to the pod
+    /// directory (`volumes/<volume>/<path>`).
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+impl RunPlan {
+    /// `<jobset>-<rjob>-<jobIndex>`.
+    pub fn job_name(&self, rjob: usize, job_index: u32) -> String {
+        let rjob = self
+            .replicated_jobs
+            .get(rjob)
+            .map_or("", |r| r.name.as_str());
+        format!("{}-{rjob}-{job_index}", self.name)
+    }
+
+    /// `<jobset>-<rjob>-<jobIndex>-<podIndex>`: the pod's host name.
+    pub fn hostname(&self, rjob: usize, job_index: u32, pod_index: u32) -> String {
+        format!("{}-{pod_index}", self.job_name(rjob, job_index))
+    }
+
+    /// Every pod host name of the run.
+    pub fn hostnames(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (r, rjob) in self.replicated_jobs.iter().enumerate() {
+            for j in 0..rjob.replicas {
+                for p in 0..rjob.completions {
+                    out.push(self.hostname(r, j, p));
+                }
+            }
+        }
+        out
+    }
+
+    /// The endpoint rewriting of one attempt, given its port map.
+    pub fn endpoints(&self, ports: &BTreeMap<i32, u16>) -> Endpoints {
+        let hosts = self.hostnames();
+        Endpoints::new(
+            hosts.iter().map(String::as_str),
+            &self.subdomain,
+            &self.namespace,
+            ports,
+        )
+    }
+
+    /// The gang: one pod set per replicated job, `replicas × parallelism` pods.
+    pub fn pod_sets(&self) -> Vec<PodSetRequest> {
+        self.replicated_jobs
+            .iter()
+            .map(|r| PodSetRequest {
+                name: r.name.clone(),
+                count: r.replicas.saturating_mul(r.parallelism),
+                requests_milli: r.requests_milli.clone(),
+            })
+            .collect()
+    }
+
+    /// Labels and annotations the JobSet and Job controllers give a pod, over
+    /// the template's.
+    pub fn pod_meta(
+        &self,
+        rjob: usize,
+        job_index: u32,
+        pod_index: u32,
+        restarts: i32,
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let Some(r) = self.replicated_jobs.get(rjob) else {
+            return Default::default();
+        };
+        let global_index: u32 = self.replicated_jobs[..rjob]
+            .iter()
+            .map(|r| r.replicas)
+            .sum::<u32>()
+            + job_index;
+        let job_name = self.job_name(rjob, job_index);
+        let mut shared = vec![
+            (keys::JOBSET_NAME, self.name.clone()),
+            (keys::REPLICATED_JOB_NAME, r.name.clone()),
+            (keys::REPLICATED_JOB_REPLICAS, r.replicas.to_string()),
+            (keys::JOB_INDEX, job_index.to_string()),
+            (keys::JOB_GLOBAL_INDEX, global_index.to_string()),
+            (keys::RESTART_ATTEMPT, restarts.to_string()),
+        ];
+        if r.indexed {
+            shared.push((keys::JOB_COMPLETION_INDEX, pod_index.to_string()));
+        }
+        let mut labels = r.pod_labels.clone();
+        let mut annotations = r.pod_annotations.clone();
+        for (k, v) in &shared {
+            labels.insert((*k).to_owned(), v.clone());
+            annotations.insert((*k).to_owned(), v.clone());
+        }
+        labels.insert(keys::BATCH_JOB_NAME.to_owned(), job_name.clone());
+        labels.insert(keys::JOB_NAME.to_owned(), job_name);
+        (labels, annotations)
+    }
+
+    /// The pod's spec as reported: the template's, with host name,
+    /// subdomain and node set.
+    pub fn pod_spec(&self, rjob: usize, job_index: u32, pod_index: u32, node: &str) -> Value {
+        let Some(r) = self.replicated_jobs.get(rjob) else {
+            return Value::Null;
+        };
+        let mut spec = r.pod_spec.clone();
+        if let Value::Object(map) = &mut spec {
+            map.insert(
+                "hostname".into(),
+                json!(self.hostname(rjob, job_index, pod_index)),
+            );
+            map.insert("subdomain".into(), json!(self.subdomain));
+            map.insert("nodeName".into(), json!(node));
+        }
+        spec
+    }
+
+    /// Resolves one pod into processes and volume files.
+    ///
+    /// # Errors
+    ///
+    /// Why the pod cannot run (it then fails): a container without a
+    /// command, an env var whose source is missing or unsupported, a volume
+    /// item path that leaves the volume.
+    pub fn resolve_pod(
+        &self,
+        rjob: usize,
+        job_index: u32,
+        pod_index: u32,
+        id: &PodIdentity,
+        ctx: &ResolveContext<'_>,
+    ) -> Result<ResolvedPod, String> {
+        let r = self
+            .replicated_jobs
+            .get(rjob)
+            .ok_or_else(|| format!("replicated job #{rjob} is not in the plan"))?;
+        let (labels, annotations) = self.pod_meta(rjob, job_index, pod_index, id.restarts);
+        let pod = PodFields {
+            id,
+            namespace: &self.namespace,
+            labels: &labels,
+            annotations: &annotations,
+            node: ctx.node_name,
+            service_account: &r.service_account,
+        };
+        let index = r.indexed.then(|| pod_index.to_string());
+        let resolve = |c: &Container| self.resolve_container(c, &pod, index.as_deref(), ctx);
+        let init = r
+            .init_containers
+            .iter()
+            .map(resolve)
+            .collect::<Result<_, _>>()?;
+        let main = r.containers.iter().map(resolve).collect::<Result<_, _>>()?;
+        let files = self.volume_files(r, &ctx.endpoints)?;
+        Ok(ResolvedPod { init, main, files })
+    }
+
+    fn resolve_container(
+        &self,
+        c: &Container,
+        pod: &PodFields<'_>,
+        completion_index: Option<&str>,
+        ctx: &ResolveContext<'_>,
+    ) -> Result<Process, String> {
+        let what = format!("container {:?}", c.name);
+        if c.restart_policy.as_deref() == Some("Always") {
+            return Err(format!(
+                "{what}: sidecar init containers (restartPolicy: Always) are not supported by the process backend"
+            ));
+        }
+        let mut env: Vec<(String, String)> = Vec::new();
+        for (i, from) in c.env_from.iter().enumerate() {
+            let prefix = from.prefix.as_deref().unwrap_or("");
+            let (kind, source, store) = match (&from.config_map_ref, &from.secret_ref) {
+                (Some(r), _) => ("ConfigMap", r, &self.config_maps),
+                (None, Some(r)) => ("Secret", r, &self.secrets),
+                (None, None) => continue,
+            };
+            match store.get(&source.name) {
+                Some(data) => {
+                    for (k, v) in data {
+                        env.push((
+                            format!("{prefix}{k}"),
+                            String::from_utf8_lossy(v).into_owned(),
+                        ));
+                    }
+                }
+                None if source.optional == Some(true) => {}
+                None => {
+                    return Err(format!(
+                        "{what}: envFrom[{i}] names {kind} {:?}, which is not among the run's objects",
+                        source.name
+                    ));
+                }
+            }
+        }
+        for var in &c.env {
+            let value = match (&var.value, &var.value_from) {
+                (_, Some(source)) => match self.env_source(source, pod) {
+                    Ok(Some(v)) => v,
+                    Ok(None) => continue,
+                    Err(why) => return Err(format!("{what}: env {:?}: {why}", var.name)),
+                },
+                (Some(v), None) => expand(v, &env),
+                (None, None) => String::new(),
+            };
+            upsert(&mut env, &var.name, value);
+        }
+        if let Some(index) = completion_index
+            && !env.iter().any(|(k, _)| k == keys::JOB_COMPLETION_INDEX_ENV)
+        {
+            env.push((keys::JOB_COMPLETION_INDEX_ENV.to_owned(), index.to_owned()));
+        }
+        let mut argv: Vec<String> = c
+            .command
+            .iter()
+            .chain(&c.args)
+            .map(|a| expand(a, &env))
+            .collect();
+        if c.command.is_empty() {
+            return Err(format!(
+                "{what} has no command; the process backend runs command and args as a local process and ignores images, so it cannot run the image's entrypoint"
+            ));
+        }
+        let program = argv.remove(0);
+        let args = argv
+            .iter()
+            .map(|a| ctx.endpoints.rewrite_value(a))
+            .collect();
+        let mut full: Vec<(String, String)> = ctx
+            .extra_env
+            .iter()
+            .filter(|(k, _)| !env.iter().any(|(n, _)| n == k))
+            .cloned()
+            .collect();
+        full.extend(
+            env.into_iter()
+                .map(|(k, v)| (k, ctx.endpoints.rewrite_value(&v))),
+        );
+        Ok(Process {
+            name: c.name.clone(),
+            program,
+            args,
+            env: full,
+        })
+    }
+
+    /// The value of a `valueFrom`; None when an optional source is missing.
+    fn env_source(
+        &self,
+        source: &EnvVarSource,
+        pod: &PodFields<'_>,
+    ) -> Result<Option<String>, String> {
+        if let Some(field) = &source.field_ref {
+            return pod.field(&field.field_path).map(Some);
+        }
+        for (kind, key_ref, store) in [
+            ("ConfigMap", &source.config_map_key_ref, &self.config_maps),
+            ("Secret", &source.secret_key_ref, &self.secrets),
+        ] {
+            let Some(key_ref) = key_ref else { continue };
+            let value = store.get(&key_ref.name).and_then(|d| d.get(&key_ref.key));
+            return match value {
+                Some(v) => Ok(Some(String::from_utf8_lossy(v).into_owned())),
+                None if key_ref.optional == Some(true) => Ok(None),
+                None => Err(format!(
+                    "key {:?} of {kind} {:?} is not among the run's objects",
+                    key_ref.key, key_ref.name
+                )),
+            };
+        }
+        if source.resource_field_ref.is_some() {
+            return Err(
+                "valueFrom.resourceFieldRef is not supported by the process backend".into(),
+            );
+        }
+        Err("valueFrom has no source the process backend supports (fieldRef, configMapKeyRef, secretKeyRef)".into())
+    }
+
+    fn volume_files(
+        &self,
+        r: &ReplicatedJobPlan,
+        endpoints: &Endpoints,
+    ) -> Result<Vec<(String, Vec<u8>)>, String> {
+        let mut files = Vec::new();
+        for volume in &r.volumes {
+            let (kind, name, items, optional, store) = match (&volume.config_map, &volume.secret) {
+                (Some(cm), _) => (
+                    "ConfigMap",
+                    &cm.name,
+                    &cm.items,
+                    cm.optional,
+                    &self.config_maps,
+                ),
+                (None, Some(s)) => (
+                    "Secret",
+                    &s.secret_name,
+                    &s.items,
+                    s.optional,
+                    &self.secrets,
+                ),
+                (None, None) => continue,
+            };
+            let what = format!("volume {:?}", volume.name);
+            if !safe_relative(&volume.name) {
+                return Err(format!("{what}: the name is not a plain file name"));
+            }
+            let Some(data) = store.get(name) else {
+                if optional == Some(true) {
+                    continue;
+                }
+                return Err(format!(
+                    "{what}: {kind} {name:?} is not among the run's objects"
+                ));
+            };
+            let chosen: Vec<(&str, &str)> = if items.is_empty() {
+                data.keys().map(|k| (k.as_str(), k.as_str())).collect()
+            } else {
+                items
+                    .iter()
+                    .map(|i| (i.key.as_str(), i.path.as_str()))
+                    .collect()
+            };
+            for (key, path) in chosen {
+                if !safe_relative(path) {
+                    return Err(format!(
+                        "{what}: path {path:?} must be relative and stay inside the volume"
+                    ));
+                }
+                let bytes = data
+                    .get(key)
+                    .ok_or_else(|| format!("{what}: {kind} {name:?} has no key {key:?}"))?;
+                let bytes = match (kind, std::str::from_utf8(bytes)) {
+                    ("ConfigMap", Ok(text)) => endpoints.rewrite_text(text).into_bytes(),
+                    _ => bytes.clone(),
+                };
+                files.push((format!("volumes/{}/{path}", volume.name), bytes));
+            }
+        }
+        Ok(files)
+    }
+}
+
+fn safe_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+fn upsert(env: &mut Vec<(String, String)>, name: &str, value: String) {
+    match env.iter_mut().find(|(k, _)| k == name) {
+        Some(slot) => slot.1 = value,
+        None => env.push((name.to_owned(), value)),
+    }
+}
+
+/// Kubernetes' `$(VAR)` expansion: a defined var is replaced, `$$` is a `$`,
+/// anything else is kept as written.
+pub fn expand(text: &str, env: &[(String, String)]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(inner) = after.strip_prefix('(')
+            && let Some(end) = inner.find(')')
+        {
+            let name = &inner[..end];
+            match env.iter().rev().find(|(k, _)| k == name) {
+                Some((_, v)) => out.push_str(v),
+                None => {
+                    out.push_str("$(");
+                    out.push_str(name);
+                    out.push(')');
+                }
+            }
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The fields of one pod the downward API reads.
+struct PodFields<'a> {
+    id: &'a PodIdentity,
+    namespace: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+    node: &'a str,
+    service_account: &'a str,
+}
+
+impl PodFields<'_> {
+    fn field(&self, path: &str) -> Result<String, String> {
+        let keyed = |prefix: &str| {
+            path.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix("['"))
+                .and_then(|rest| rest.strip_suffix("']"))
+        };
+        Ok(match path {
+            "metadata.name" => self.id.name.clone(),
+            "metadata.namespace" => self.namespace.to_owned(),
+            "metadata.uid" => self.id.uid.clone(),
+            "spec.nodeName" => self.node.to_owned(),
+            "spec.serviceAccountName" => self.service_account.to_owned(),
+            "status.podIP" | "status.podIPs" | "status.hostIP" | "status.hostIPs" => {
+                LOCAL_IP.to_owned()
+            }
+            _ => {
+                if let Some(key) = keyed("metadata.labels") {
+                    self.labels.get(key).cloned().unwrap_or_default()
+                } else if let Some(key) = keyed("metadata.annotations") {
+                    self.annotations.get(key).cloned().unwrap_or_default()
+                } else {
+                    return Err(format!(
+                        "fieldRef {path:?} is not supported by the process backend"
+                    ));
+                }
+            }
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn quantities_in_milli_units() {
-        assert_eq!(parse_quantity_milli("2").unwrap(), 2000);
-        assert_eq!(parse_quantity_milli("500m").unwrap(), 500);
-        assert_eq!(parse_quantity_milli("1.5").unwrap(), 1500);
-        assert_eq!(
-            parse_quantity_milli("4Gi").unwrap(),
-            4 * 1_073_741_824 * 1000
-        );
-        assert_eq!(parse_quantity_milli("1k").unwrap(), 1_000_000);
-        assert_eq!(parse_quantity_milli("1e3").unwrap(), 1_000_000);
-        assert_eq!(parse_quantity_milli("1n").unwrap(), 1);
-        for bad in ["", "x", "1.2.3", "5Q", "--1"] {
-            assert!(parse_quantity_milli(bad).is_err(), "{bad}");
-        }
-    }
-
-    fn jobset() -> Value {
+    /// What trainhub's python plugin builds: MASTER_ADDR/PORT, RANK from the
+    /// completion index, port 29500.
+    fn python_jobset() -> Value {
+        let env = json!([
+            {"name": "MASTER_ADDR", "value": "j-node-0-0.j"},
+            {"name": "MASTER_PORT", "value": "29500"},
+            {"name": "WORLD_SIZE", "value": "2"},
+            {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+            {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "RJOB", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+            {"name": "DESC", "value": "rank of $(WORLD_SIZE) at $(MASTER_ADDR) $$HOME $(NOPE)"},
+            {"name": "OTEL_SERVICE_NAME", "value": "mine"}
+        ]);
+        let container = json!({
+            "name": "node",
+            "image": "python",
+            "command": ["python3", "-c", "print($(WORLD_SIZE))"],
+            "args": ["--addr=j-node-0-0.j:29500", "29500"],
+            "ports": [{"containerPort": 29500}],
+            "resources": {"requests": {"cpu": "500m"}, "limits": {"cpu": 1, "memory": "1Gi"}},
+            "env": env,
+        });
+        let node = json!({
+            "name": "node", "replicas": 1,
+            "dependsOn": [{"name": "initializer", "status": "Complete"}],
+            "template": {"spec": {
+                "parallelism": 2, "completions": 2, "backoffLimit": 0,
+                "template": {
+                    "metadata": {"labels": {"app": "train"}},
+                    "spec": {
+                        "containers": [container],
+                        "volumes": [{"name": "hosts", "configMap": {"name": "cm"}}]
+                    }
+                }
+            }}
+        });
+        let initializer = json!({"name": "initializer", "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": "init", "image": "busybox", "command": ["true"]}]
+        }}}}});
         json!({
             "apiVersion": "jobset.x-k8s.io/v1alpha2",
             "kind": "JobSet",
-            "metadata": {"name": "lr"},
+            "metadata": {"name": "j"},
             "spec": {
-                "failurePolicy": {"maxRestarts": 2},
-                "replicatedJobs": [
-                    {"name": "init", "replicas": 1, "template": {"spec": {"parallelism": 1, "template": {"spec": {
-                        "containers": [{"name": "init", "command": ["true"]}]}}}}},
-                    {"name": "node", "replicas": 1, "dependsOn": [{"name": "init", "status": "Complete"}],
-                     "template": {"spec": {"parallelism": 2, "template": {
-                        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                        "spec": {"containers": [{
-                            "name": "node",
-                            "command": ["python3", "-c", "x"],
-                            "args": ["--master", "lr-node-0-0.lr:29500"],
-                            "ports": [{"containerPort": 29500}],
-                            "resources": {"requests": {"cpu": "1", "memory": "512Mi"}},
-                            "env": [
-                                {"name": "MASTER_ADDR", "value": "lr-node-0-0.lr"},
-                                {"name": "MASTER_PORT", "value": "29500"},
-                                {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-                                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
-                            ]}]}}}}}
-                ]
+                "replicatedJobs": [initializer, node],
+                "failurePolicy": {"maxRestarts": 1}
             }
         })
     }
 
-    #[test]
-    fn plans_pods_with_resolved_env_and_local_endpoints() {
-        let ports = [(29500, 41234u16)].into();
-        let plan = plan(
-            "default",
-            &jobset(),
-            &[],
-            &[("TRACEPARENT".into(), "00-x".into())],
-            &ports,
-        )
-        .unwrap();
-        assert_eq!(plan.replicated_jobs.len(), 2);
-        let node = &plan.replicated_jobs[1];
-        assert_eq!(
-            node.depends_on,
-            vec![("init".to_string(), "Complete".to_string())]
-        );
-        assert_eq!(node.pods.len(), 2);
-        let pod = &node.pods[1];
-        assert_eq!(pod.base_name, "lr-node-0-1");
-        assert_eq!(pod.labels["jobset.sigs.k8s.io/jobset-name"], "lr");
-        assert_eq!(pod.labels[COMPLETION_INDEX], "1");
-        assert_eq!(
-            pod.labels["trainer.kubeflow.org/trainjob-ancestor-step"],
-            "trainer"
-        );
-        let env: BTreeMap<_, _> = pod.containers[0].env.iter().cloned().collect();
-        assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
-        assert_eq!(env["MASTER_PORT"], "41234");
-        assert_eq!(env["RANK"], "1");
-        assert_eq!(env["JOB_COMPLETION_INDEX"], "1");
-        assert_eq!(env["POD"], "lr-node-0-1");
-        assert_eq!(env["TRACEPARENT"], "00-x");
-        assert_eq!(
-            pod.containers[0].argv,
-            ["python3", "-c", "x", "--master", "127.0.0.1:41234"]
-        );
-        assert_eq!(plan.demand["cpu"], 2000);
-        assert_eq!(plan.max_restarts, 2);
-        assert!(!plan.success_any);
-        assert_eq!(declared_ports(&jobset()), [29500].into());
+    fn objects() -> Vec<Value> {
+        vec![
+            python_jobset(),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"},
+                   "data": {"hostfile": "j-node-0-0.j slots=1\nj-node-0-1.j slots=1\n"}}),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"},
+                   "data": {"token": "c2VjcmV0"}}),
+            json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "j"}}),
+        ]
     }
 
     #[test]
-    fn a_container_without_command_cannot_run() {
-        let mut js = jobset();
+    fn plans_replicated_jobs_policies_and_requests() {
+        let plan = plan_run("team", "fallback", &objects()).unwrap();
+        assert_eq!(plan.name, "j");
+        assert_eq!(plan.subdomain, "j");
+        assert_eq!(plan.ports, [29500].into());
+        let node = &plan.replicated_jobs[1];
+        assert_eq!(
+            (
+                node.replicas,
+                node.completions,
+                node.parallelism,
+                node.backoff_limit
+            ),
+            (1, 2, 2, 0)
+        );
+        assert_eq!(node.depends_on, vec![(0, DependsOnStatus::Complete)]);
+        // requests win over limits; a limit without a request stands in for it
+        assert_eq!(
+            node.requests_milli,
+            [
+                ("cpu".to_string(), 500),
+                ("memory".into(), 1024 * 1024 * 1024 * 1000)
+            ]
+            .into()
+        );
+        assert_eq!(plan.replicated_jobs[0].backoff_limit, 6);
+        assert_eq!(
+            plan.failure,
+            Some(FailureRules {
+                max_restarts: 1,
+                rules: vec![]
+            })
+        );
+        assert_eq!(
+            plan.success,
+            SuccessRule {
+                any: false,
+                targets: vec![0, 1]
+            }
+        );
+        assert_eq!(plan.pod_sets()[1].count, 2);
+        assert_eq!(plan.secrets["s"]["token"], b"secret");
+        assert_eq!(
+            plan.hostnames(),
+            vec!["j-initializer-0-0", "j-node-0-0", "j-node-0-1"]
+        );
+    }
+
+    #[test]
+    fn resolves_env_rewrites_endpoints_and_writes_volumes() {
+        let plan = plan_run("team", "j", &objects()).unwrap();
+        let ports = [(29500, 41000u16)].into();
+        let extra = vec![
+            ("TRACEPARENT".to_string(), "00-abc".to_string()),
+            ("OTEL_SERVICE_NAME".to_string(), "hub".to_string()),
+        ];
+        let ctx = ResolveContext {
+            endpoints: plan.endpoints(&ports),
+            node_name: "box",
+            extra_env: &extra,
+        };
+        let id = PodIdentity {
+            name: "j-node-0-1-abcde".into(),
+            uid: "u-1".into(),
+            restarts: 0,
+        };
+        let pod = plan.resolve_pod(1, 0, 1, &id, &ctx).unwrap();
+        let p = &pod.main[0];
+        assert_eq!(p.program, "python3");
+        assert_eq!(
+            p.args,
+            vec!["-c", "print(2)", "--addr=127.0.0.1:41000", "41000"]
+        );
+        let env: BTreeMap<_, _> = p.env.iter().cloned().collect();
+        assert_eq!(env["MASTER_ADDR"], "127.0.0.1");
+        assert_eq!(env["MASTER_PORT"], "41000");
+        assert_eq!(env["WORLD_SIZE"], "2");
+        assert_eq!(env["RANK"], "1");
+        assert_eq!(env["JOB_COMPLETION_INDEX"], "1");
+        assert_eq!(env["POD"], "j-node-0-1-abcde");
+        assert_eq!(env["RJOB"], "node");
+        assert_eq!(env["TOKEN"], "secret");
+        assert_eq!(env["DESC"], "rank of 2 at 127.0.0.1 $HOME $(NOPE)");
+        assert_eq!(env["TRACEPARENT"], "00-abc");
+        assert_eq!(
+            env["OTEL_SERVICE_NAME"], "mine",
+            "the container's own value wins"
+        );
+        assert_eq!(
+            pod.files,
+            vec![(
+                "volumes/hosts/hostfile".to_string(),
+                b"127.0.0.1 slots=1\n127.0.0.1 slots=1\n".to_vec()
+            )]
+        );
+    }
+
+    #[test]
+    fn pod_meta_carries_the_controllers_labels_and_annotations() {
+        let plan = plan_run("team", "j", &objects()).unwrap();
+        let (labels, annotations) = plan.pod_meta(1, 0, 1, 2);
+        assert_eq!(labels["app"], "train");
+        assert_eq!(labels[keys::JOBSET_NAME], "j");
+        assert_eq!(labels[keys::REPLICATED_JOB_NAME], "node");
+        assert_eq!(labels[keys::JOB_INDEX], "0");
+        assert_eq!(labels[keys::JOB_GLOBAL_INDEX], "1");
+        assert_eq!(labels[keys::JOB_COMPLETION_INDEX], "1");
+        assert_eq!(labels[keys::RESTART_ATTEMPT], "2");
+        assert_eq!(labels[keys::JOB_NAME], "j-node-0");
+        assert_eq!(annotations[keys::JOB_COMPLETION_INDEX], "1");
+        let spec = plan.pod_spec(1, 0, 1, "box");
+        assert_eq!(spec["hostname"], "j-node-0-1");
+        assert_eq!(spec["subdomain"], "j");
+        assert_eq!(spec["nodeName"], "box");
+    }
+
+    #[test]
+    fn pods_that_cannot_run_say_why() {
+        let mut js = python_jobset();
+        let env = &mut js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"]
+            [0]["env"];
+        env.as_array_mut().unwrap().push(
+            json!({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "gone", "key": "k"}}}),
+        );
+        let plan = plan_run("team", "j", &[js.clone()]).unwrap();
+        let ctx = ResolveContext::default();
+        let id = PodIdentity {
+            name: "p".into(),
+            uid: "u".into(),
+            restarts: 0,
+        };
+        let err = plan.resolve_pod(1, 0, 0, &id, &ctx).unwrap_err();
+        assert!(
+            err.contains("env \"TOKEN\"") && err.contains("Secret \"s\""),
+            "{err}"
+        );
+
+        let mut js = python_jobset();
         js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
             .as_object_mut()
             .unwrap()
             .remove("command");
-        let plan = plan("default", &js, &[], &[], &BTreeMap::new()).unwrap();
-        let error = plan.replicated_jobs[0].pods[0].error.clone().unwrap();
-        assert!(error.contains("no command"), "{error}");
+        let plan = plan_run("team", "j", &objects_with(js)).unwrap();
+        let err = plan.resolve_pod(0, 0, 0, &id, &ctx).unwrap_err();
+        assert!(err.contains("container \"init\" has no command"), "{err}");
+    }
+
+    fn objects_with(js: Value) -> Vec<Value> {
+        let mut o = objects();
+        o[0] = js;
+        o
     }
 
     #[test]
-    fn outcome_follows_success_and_failure() {
-        let plan = plan("default", &jobset(), &[], &[], &BTreeMap::new()).unwrap();
-        let mut phases = BTreeMap::from([
-            ("init".to_string(), vec![Phase::Succeeded]),
-            ("node".to_string(), vec![Phase::Succeeded, Phase::Running]),
-        ]);
-        assert_eq!(outcome(&plan, &phases), Outcome::Running);
-        phases.insert("node".into(), vec![Phase::Succeeded, Phase::Succeeded]);
-        assert_eq!(outcome(&plan, &phases), Outcome::Completed);
-        phases.insert("node".into(), vec![Phase::Succeeded, Phase::Failed]);
-        assert_eq!(outcome(&plan, &phases), Outcome::JobFailed("node".into()));
-        let pods = BTreeMap::from([(
-            "node".to_string(),
-            vec![(0, Phase::Succeeded), (0, Phase::Failed)],
-        )]);
-        let status = jobset_status(&pods, 1, Some((&Outcome::JobFailed("node".into()), "t")));
-        assert_eq!(status["replicatedJobsStatus"][0]["failed"], 1);
-        assert_eq!(status["replicatedJobsStatus"][0]["succeeded"], 0);
-        assert_eq!(status["conditions"][0]["type"], "Failed");
-        assert_eq!(status["terminalState"], "Failed");
-        assert_eq!(status["restarts"], 1);
-        assert!(reached(&[Phase::Running, Phase::Succeeded], "Ready"));
-        assert!(!reached(&[Phase::Running, Phase::Succeeded], "Complete"));
+    fn invalid_jobsets_name_the_field() {
+        let cases: Vec<(Value, &str)> = vec![
+            (
+                json!({"apiVersion": "batch/v1", "kind": "Job"}),
+                "objects[0]: apiVersion \"batch/v1\"",
+            ),
+            (
+                json!({"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "spec": {}}),
+                "replicatedJobs: empty",
+            ),
+            (
+                json!({"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "spec": {"replicatedJobs": [
+                    {"name": "a", "dependsOn": [{"name": "b", "status": "Ready"}],
+                     "template": {"spec": {"template": {"spec": {"containers": [{"name": "c", "command": ["x"]}]}}}}}]}}),
+                "replicatedJobs[0].dependsOn[0].name",
+            ),
+            (
+                json!({"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "spec": {"replicatedJobs": [
+                    {"name": "a", "template": {"spec": {"template": {"spec": {"containers": []}}}}}]}}),
+                "containers: empty",
+            ),
+            (
+                json!({"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "spec": {"replicatedJobs": [
+                    {"name": "a", "replicas": 5000,
+                     "template": {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}}]}}),
+                "more than 4096 pods",
+            ),
+            (
+                json!({"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "spec": {"replicatedJobs": [
+                    {"name": "a", "template": {"spec": {"template": {"spec": {"containers": [
+                        {"name": "c", "resources": {"requests": {"cpu": "lots"}}}]}}}}}]}}),
+                "resources.requests.cpu: quantity \"lots\"",
+            ),
+        ];
+        for (js, want) in cases {
+            let err = plan_run("ns", "n", &[js]).unwrap_err();
+            assert!(err.contains(want), "{err} should contain {want}");
+        }
+    }
+
+    #[test]
+    fn in_order_startup_chains_replicated_jobs() {
+        let js = json!({"apiVersion": JOBSET_API_VERSION, "kind": "JobSet", "spec": {
+        "startupPolicy": {"startupPolicyOrder": "InOrder"},
+        "replicatedJobs": [
+            {"name": "a", "template": {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}},
+            {"name": "b", "template": {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}}
+        ]}});
+        let plan = plan_run("ns", "n", &[js]).unwrap();
+        assert_eq!(plan.name, "n");
+        assert_eq!(
+            plan.replicated_jobs[1].depends_on,
+            vec![(0, DependsOnStatus::Ready)]
+        );
     }
 }

@@ -1,0 +1,389 @@
+//! Running one run: the supervisor task that drives [`RunState`] with the
+//! events of the pods' processes, and the pod tasks that start those
+//! processes, one process group each.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures_util::future::join_all;
+use jiff::Timestamp;
+use rand::Rng as _;
+use tokio::sync::mpsc;
+
+use super::Shared;
+use super::plan::{PodIdentity, Process, ResolveContext, RunPlan};
+use super::rewrite::Endpoints;
+use super::state::{ContainerRef, PodEvent, RunState};
+use crate::backend::RunKey;
+
+/// The process groups of a run's pods, and whether they may still start.
+///
+/// Starting a process and killing a pod take the same lock, so a pod that
+/// is killed starts nothing afterwards and nothing it started escapes.
+#[derive(Debug, Default)]
+pub(super) struct Procs {
+    inner: Mutex<ProcsInner>,
+}
+
+#[derive(Debug, Default)]
+struct ProcsInner {
+    /// The whole run was killed: nothing starts any more.
+    closed: bool,
+    killed: BTreeSet<String>,
+    groups: BTreeMap<String, BTreeSet<u32>>,
+}
+
+impl Procs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProcsInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a process for pod `uid` unless it was killed (Ok(None)).
+    fn spawn(
+        &self,
+        uid: &str,
+        start: impl FnOnce() -> std::io::Result<tokio::process::Child>,
+    ) -> std::io::Result<Option<tokio::process::Child>> {
+        let mut inner = self.lock();
+        if inner.closed || inner.killed.contains(uid) {
+            return Ok(None);
+        }
+        let child = start()?;
+        if let Some(pid) = child.id() {
+            inner.groups.entry(uid.to_owned()).or_default().insert(pid);
+        }
+        Ok(Some(child))
+    }
+
+    /// A container's main process ended: the rest of its group goes with it,
+    /// as a container's processes do.
+    fn ended(&self, uid: &str, pgid: Option<u32>) {
+        let Some(pgid) = pgid else { return };
+        let mut inner = self.lock();
+        if let Some(groups) = inner.groups.get_mut(uid) {
+            groups.remove(&pgid);
+        }
+        drop(inner);
+        kill_group(pgid);
+    }
+
+    /// Kills every process of the given pods; they start nothing more.
+    pub(super) fn kill_pods(&self, uids: &[String]) {
+        let mut inner = self.lock();
+        let mut groups = Vec::new();
+        for uid in uids {
+            inner.killed.insert(uid.clone());
+            groups.extend(inner.groups.remove(uid).into_iter().flatten());
+        }
+        drop(inner);
+        groups.into_iter().for_each(kill_group);
+    }
+
+    /// Kills every process of the run; nothing starts any more.
+    pub(super) fn kill_all(&self) {
+        let mut inner = self.lock();
+        inner.closed = true;
+        let groups: Vec<u32> = std::mem::take(&mut inner.groups)
+            .into_values()
+            .flatten()
+            .collect();
+        drop(inner);
+        groups.into_iter().for_each(kill_group);
+    }
+}
+
+/// SIGKILL to a whole process group, through the `kill` command (no unsafe
+/// code here). A group already gone is fine.
+fn kill_group(pgid: u32) {
+    let result = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if let Err(err) = result {
+        tracing::warn!(pgid, %err, "could not run kill for a process group");
+    }
+}
+
+/// A fresh pod name suffix (Kubernetes' generateName alphabet) and uid.
+pub(super) fn fresh_identity() -> (String, String) {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect();
+    let b: [u8; 16] = rng.random();
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    // A version 4 UUID.
+    let uid = format!(
+        "{}-{}-4{}-{:x}{}-{}",
+        hex(0..4),
+        hex(4..6),
+        &hex(6..8)[1..],
+        8 | (b[8] & 3),
+        &hex(8..10)[1..],
+        hex(10..16)
+    );
+    (suffix, uid)
+}
+
+/// One free local port per declared container port.
+fn pick_ports(declared: &BTreeSet<i32>) -> std::io::Result<BTreeMap<i32, u16>> {
+    // Keep every listener open until all are picked, so the ports differ.
+    let listeners = declared
+        .iter()
+        .map(|port| Ok((*port, std::net::TcpListener::bind("127.0.0.1:0")?)))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    listeners
+        .into_iter()
+        .map(|(port, l)| Ok((port, l.local_addr()?.port())))
+        .collect()
+}
+
+/// What the supervisor of one run needs.
+pub(super) struct RunContext {
+    pub shared: Arc<Shared>,
+    pub key: RunKey,
+    pub plan: Arc<RunPlan>,
+    pub dir: PathBuf,
+    pub extra_env: Vec<(String, String)>,
+    pub procs: Arc<Procs>,
+}
+
+/// Drives one run until it is Completed or Failed, reporting every change.
+pub(super) async fn supervise(ctx: RunContext) {
+    let (events, mut rx) = mpsc::unbounded_channel();
+    let mut fresh = fresh_identity;
+    let mut state = RunState::new(Arc::clone(&ctx.plan), Timestamp::now(), &mut fresh);
+    let mut attempt = -1;
+    let mut endpoints = Endpoints::default();
+    loop {
+        let kill = state.evaluate(Timestamp::now(), &mut fresh);
+        ctx.procs.kill_pods(&kill);
+        if state.restarts() != attempt {
+            // Fresh ports for every attempt: the old processes' sockets may linger.
+            attempt = state.restarts();
+            let ports = pick_ports(&ctx.plan.ports).unwrap_or_else(|err| {
+                tracing::warn!(run = ?ctx.key, %err, "could not pick local ports; container ports are not remapped");
+                BTreeMap::new()
+            });
+            endpoints = ctx.plan.endpoints(&ports);
+        }
+        for i in state.to_launch() {
+            launch(&ctx, &state, i, &endpoints, &events).await;
+        }
+        ctx.shared.observe(&ctx.key, &state, &ctx.dir);
+        if state.terminal_state().is_some() {
+            return;
+        }
+        let Some(event) = rx.recv().await else { return };
+        state.apply(event);
+        while let Ok(event) = rx.try_recv() {
+            state.apply(event);
+        }
+    }
+}
+
+/// Starts pod `i`: its directory, volume files and a task running its
+/// containers. A pod that cannot be resolved fails with the reason.
+async fn launch(
+    ctx: &RunContext,
+    state: &RunState,
+    i: usize,
+    endpoints: &Endpoints,
+    events: &mpsc::UnboundedSender<PodEvent>,
+) {
+    let Some(pod) = state.pods().get(i) else {
+        return;
+    };
+    let id = PodIdentity {
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        restarts: pod.restarts,
+    };
+    let resolve = ResolveContext {
+        endpoints: endpoints.clone(),
+        node_name: &ctx.shared.node_name,
+        extra_env: &ctx.extra_env,
+    };
+    let dir = ctx.dir.join(&pod.name);
+    let prepared = match ctx
+        .plan
+        .resolve_pod(pod.rjob, pod.job_index, pod.index, &id, &resolve)
+    {
+        Err(message) => Err(message),
+        Ok(resolved) => write_files(&dir, &resolved.files)
+            .await
+            .map(|()| resolved)
+            .map_err(|err| format!("cannot prepare the pod directory {}: {err}", dir.display())),
+    };
+    match prepared {
+        Err(message) => {
+            let _ = events.send(PodEvent::CannotRun {
+                uid: id.uid,
+                message,
+                at: Timestamp::now(),
+            });
+        }
+        Ok(resolved) => {
+            let task = PodTask {
+                uid: id.uid,
+                dir,
+                base_env: ctx.shared.base_env.clone(),
+                procs: Arc::clone(&ctx.procs),
+                events: events.clone(),
+            };
+            tokio::spawn(task.run(resolved.init, resolved.main));
+        }
+    }
+}
+
+async fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+    tokio::fs::create_dir_all(dir).await?;
+    for (relative, bytes) in files {
+        let path = dir.join(relative);
+        if let Some(parent) = path.parent() {
+            tokio::fs::create_dir_all(parent).await?;
+        }
+        tokio::fs::write(&path, bytes).await?;
+    }
+    Ok(())
+}
+
+/// The processes of one pod.
+struct PodTask {
+    uid: String,
+    dir: PathBuf,
+    base_env: Vec<(OsString, OsString)>,
+    procs: Arc<Procs>,
+    events: mpsc::UnboundedSender<PodEvent>,
+}
+
+impl PodTask {
+    async fn run(self, init: Vec<Process>, main: Vec<Process>) {
+        for (i, process) in init.iter().enumerate() {
+            match self.container(ContainerRef::Init(i), process).await {
+                Some(0) => {}
+                _ => return,
+            }
+        }
+        join_all(
+            main.iter()
+                .enumerate()
+                .map(|(i, p)| self.container(ContainerRef::Main(i), p)),
+        )
+        .await;
+    }
+
+    /// Runs one container to its end; its exit code, or None if the pod was
+    /// killed before it started.
+    async fn container(&self, which: ContainerRef, process: &Process) -> Option<i32> {
+        let spawned = self.procs.spawn(&self.uid, || self.command(process));
+        let mut child = match spawned {
+            Ok(Some(child)) => child,
+            Ok(None) => return None,
+            Err(err) => {
+                let _ = self.events.send(PodEvent::Exited {
+                    uid: self.uid.clone(),
+                    container: which,
+                    exit_code: 128,
+                    signal: None,
+                    reason: Some("StartError".into()),
+                    message: Some(format!("cannot start {:?}: {err}", process.program)),
+                    at: Timestamp::now(),
+                });
+                return Some(128);
+            }
+        };
+        let pgid = child.id();
+        let _ = self.events.send(PodEvent::Started {
+            uid: self.uid.clone(),
+            container: which,
+            at: Timestamp::now(),
+        });
+        let status = child.wait().await;
+        self.procs.ended(&self.uid, pgid);
+        let (exit_code, signal, message) = match status {
+            Ok(status) => {
+                use std::os::unix::process::ExitStatusExt as _;
+                match (status.code(), status.signal()) {
+                    (Some(code), _) => (code, None, None),
+                    (None, Some(sig)) => (128 + sig, Some(sig), None),
+                    (None, None) => (1, None, None),
+                }
+            }
+            Err(err) => (1, None, Some(format!("cannot wait for the process: {err}"))),
+        };
+        let _ = self.events.send(PodEvent::Exited {
+            uid: self.uid.clone(),
+            container: which,
+            exit_code,
+            signal,
+            reason: None,
+            message,
+            at: Timestamp::now(),
+        });
+        Some(exit_code)
+    }
+
+    fn command(&self, process: &Process) -> std::io::Result<tokio::process::Child> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", process.name)))?;
+        let stderr = log.try_clone()?;
+        // A relative program path is the pod directory's, as a container's
+        // would be its working directory's.
+        let program = if process.program.contains('/') {
+            self.dir.join(&process.program)
+        } else {
+            PathBuf::from(&process.program)
+        };
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(&process.args)
+            .current_dir(&self.dir)
+            .env_clear()
+            .envs(self.base_env.iter().map(|(k, v)| (k, v)))
+            .envs(process.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr))
+            .process_group(0)
+            .kill_on_drop(true);
+        command.spawn()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_identities_look_like_kubernetes_ones() {
+        let (suffix, uid) = fresh_identity();
+        assert_eq!(suffix.len(), 5);
+        assert!(
+            suffix
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        );
+        assert_eq!(uid.len(), 36);
+        assert_eq!(&uid[14..15], "4");
+        assert!(matches!(&uid[19..20], "8" | "9" | "a" | "b"), "{uid}");
+        assert_ne!(fresh_identity(), fresh_identity());
+    }
+
+    #[test]
+    fn picked_ports_differ() {
+        let ports = pick_ports(&[29500, 29501].into()).unwrap();
+        assert_eq!(ports.len(), 2);
+        assert_ne!(ports[&29500], ports[&29501]);
+        assert_ne!(ports[&29500], 0);
+    }
+}

@@ -1,0 +1,745 @@
+//! The process backend running real processes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use trainhub_spoke::backend::process::{ProcessBackend, ProcessConfig};
+use trainhub_spoke::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Harness {
+    backend: Arc<ProcessBackend>,
+    reports: UnboundedReceiver<RunReport>,
+    /// Reports received while waiting for another run's.
+    held: VecDeque<RunReport>,
+    dir: tempfile::TempDir,
+}
+
+fn harness(capacity: &[(&str, i64)]) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, reports) = unbounded_channel();
+    let backend = ProcessBackend::new(
+        ProcessConfig {
+            work_dir: dir.path().join("work"),
+            capacity: capacity.iter().map(|(r, m)| (r.to_string(), *m)).collect(),
+            path_env: None,
+        },
+        tx,
+    )
+    .unwrap();
+    Harness {
+        backend,
+        reports,
+        held: VecDeque::new(),
+        dir,
+    }
+}
+
+impl Harness {
+    /// The first report of `key` that satisfies `done`, within the deadline.
+    async fn wait_for(
+        &mut self,
+        key: &RunKey,
+        what: &str,
+        done: impl Fn(&RunReport) -> bool,
+    ) -> RunReport {
+        let mut last = None;
+        let mut others = VecDeque::new();
+        while let Some(report) = self.held.pop_front() {
+            if &report.key != key {
+                others.push_back(report);
+            } else if done(&report) {
+                self.held = others.into_iter().chain(self.held.drain(..)).collect();
+                return report;
+            } else {
+                last = Some(report);
+            }
+        }
+        self.held = others;
+        let found = tokio::time::timeout(DEADLINE, async {
+            while let Some(report) = self.reports.recv().await {
+                if &report.key != key {
+                    self.held.push_back(report);
+                } else if done(&report) {
+                    return report;
+                } else {
+                    last = Some(report);
+                }
+            }
+            panic!("report channel closed");
+        })
+        .await;
+        match found {
+            Ok(report) => report,
+            Err(_) => panic!("no report with {what} within {DEADLINE:?}; last: {last:#?}"),
+        }
+    }
+}
+
+fn key(run: &str) -> RunKey {
+    RunKey {
+        run_id: run.into(),
+        generation: 1,
+    }
+}
+
+fn container(name: &str, command: Value, env: Value) -> Value {
+    json!({"name": name, "image": "ignored:latest", "command": command, "env": env})
+}
+
+fn rjob(name: &str, pods: u32, containers: Value) -> Value {
+    json!({"name": name, "replicas": 1, "template": {"spec": {
+        "parallelism": pods, "completions": pods, "backoffLimit": 0,
+        "template": {"spec": {"restartPolicy": "Never", "containers": containers}}}}})
+}
+
+fn jobset(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+           "metadata": {"name": name, "namespace": "team"}, "spec": spec})
+}
+
+fn run_spec(run: &str, name: &str, objects: Vec<Value>) -> RunSpec {
+    RunSpec {
+        key: key(run),
+        namespace: "team".into(),
+        name: name.into(),
+        trainjob_uid: run.into(),
+        objects,
+        extra_env: vec![(
+            "TRACEPARENT".into(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        )],
+    }
+}
+
+fn terminal(report: &RunReport) -> Option<&str> {
+    report.jobset_status["terminalState"].as_str()
+}
+
+fn phases(report: &RunReport) -> Vec<String> {
+    report
+        .pods
+        .iter()
+        .map(|p| p["status"]["phase"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+fn pod_named<'a>(report: &'a RunReport, hostname: &str) -> &'a Value {
+    report
+        .pods
+        .iter()
+        .find(|p| p["spec"]["hostname"] == hostname)
+        .unwrap_or_else(|| panic!("no pod {hostname} in {:#?}", report.pods))
+}
+
+async fn read_log(
+    backend: &ProcessBackend,
+    run: &str,
+    pod: &str,
+    container: Option<&str>,
+    follow: bool,
+    tail: Option<i64>,
+) -> String {
+    let mut stream = backend
+        .logs(run, pod, container, follow, tail)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(DEADLINE, async {
+        while let Some(chunk) = stream.next().await {
+            out.extend_from_slice(&chunk.unwrap());
+        }
+    })
+    .await
+    .expect("the log stream ends");
+    String::from_utf8(out).unwrap()
+}
+
+/// Rank 0 serves on MASTER_ADDR:MASTER_PORT, rank 1 connects to it: the
+/// trainhub python plugin's env, rewritten to this machine.
+const RENDEZVOUS: &str = r#"
+import os, socket, sys, time
+addr, port, rank = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["RANK"])
+print("rank", rank, "addr", addr, "port", port, "index", os.environ["JOB_COMPLETION_INDEX"], flush=True)
+assert addr == "127.0.0.1", addr
+assert port != 29500, port
+assert os.environ["TRACEPARENT"].startswith("00-")
+if rank == 0:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port)); s.listen(1); s.settimeout(20)
+    conn, _ = s.accept()
+    data = conn.recv(100)
+    print("got", data.decode(), flush=True)
+    sys.exit(0 if data == b"hello from 1" else 1)
+else:
+    for _ in range(200):
+        try:
+            c = socket.create_connection((addr, port), timeout=1); break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        sys.exit(2)
+    c.sendall(b"hello from 1"); c.close()
+"#;
+
+fn rendezvous_jobset(name: &str) -> Value {
+    let env = json!([
+        {"name": "MASTER_ADDR", "value": format!("{name}-node-0-0.{name}")},
+        {"name": "MASTER_PORT", "value": "29500"},
+        {"name": "WORLD_SIZE", "value": "2"},
+        {"name": "RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+    ]);
+    let mut node = container("node", json!(["python3", "-c", RENDEZVOUS]), env);
+    node["ports"] = json!([{"containerPort": 29500}]);
+    node["resources"] = json!({"requests": {"cpu": "1"}});
+    jobset(
+        name,
+        json!({"replicatedJobs": [rjob("node", 2, json!([node]))]}),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_rendezvous_over_tcp_and_complete() {
+    let mut h = harness(&[("cpu", 4000)]);
+    let k = key("rdzv");
+    // Two runs of the same job at once do not collide on the port.
+    let mut other = run_spec("rdzv-2", "other", vec![rendezvous_jobset("other")]);
+    other.key.generation = 1;
+    h.backend
+        .start(run_spec("rdzv", "train", vec![rendezvous_jobset("train")]))
+        .await
+        .unwrap();
+    h.backend.start(other).await.unwrap();
+    assert_eq!(
+        h.backend.capacity()[0].free_milli,
+        0,
+        "both gangs are admitted on start"
+    );
+
+    let done = h.wait_for(&k, "a terminal state", |r| r.finished).await;
+    assert_eq!(
+        terminal(&done),
+        Some("Completed"),
+        "{:#}",
+        done.jobset_status
+    );
+    let status = &done.jobset_status;
+    assert_eq!(status["conditions"][0]["type"], "Completed");
+    assert_eq!(status["conditions"][0]["status"], "True");
+    assert_eq!(status["conditions"][0]["reason"], "AllJobsCompleted");
+    assert_eq!(status["restarts"], 0);
+    // One Job of two pods: replicatedJobsStatus counts Jobs.
+    assert_eq!(
+        status["replicatedJobsStatus"],
+        json!([{"name": "node", "ready": 0, "succeeded": 1, "failed": 0, "active": 0, "suspended": 0}])
+    );
+    assert_eq!(phases(&done), vec!["Succeeded", "Succeeded"]);
+    let pod0 = pod_named(&done, "train-node-0-0");
+    let name = pod0["metadata"]["name"].as_str().unwrap();
+    assert!(
+        name.starts_with("train-node-0-0-") && name.len() == "train-node-0-0-".len() + 5,
+        "{name}"
+    );
+    assert_eq!(pod0["metadata"]["namespace"], "team");
+    assert_eq!(
+        pod0["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"],
+        "train"
+    );
+    assert_eq!(
+        pod0["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"],
+        "node"
+    );
+    assert_eq!(
+        pod0["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"],
+        "0"
+    );
+    assert_eq!(pod0["metadata"]["labels"]["job-name"], "train-node-0");
+    assert_eq!(
+        pod0["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"],
+        "0"
+    );
+    assert_eq!(pod0["spec"]["subdomain"], "train");
+    assert_eq!(pod0["status"]["podIP"], "127.0.0.1");
+    let terminated = &pod0["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(terminated["exitCode"], 0);
+    assert_eq!(terminated["reason"], "Completed");
+    assert!(terminated["startedAt"].is_string() && terminated["finishedAt"].is_string());
+    assert_eq!(h.backend.report(&k), Some(done.clone()));
+
+    let log = read_log(&h.backend, "rdzv", name, None, false, None).await;
+    assert!(
+        log.contains("rank 0 addr 127.0.0.1") && log.contains("got hello from 1"),
+        "{log}"
+    );
+
+    let other = h
+        .wait_for(&key("rdzv-2"), "a terminal state", |r| r.finished)
+        .await;
+    assert_eq!(terminal(&other), Some("Completed"));
+    assert_eq!(
+        h.backend.capacity()[0].free_milli,
+        4000,
+        "finished runs release their capacity"
+    );
+    let held = h.backend.runs();
+    assert_eq!(held.len(), 2);
+    assert!(held.iter().all(|r| r.finished));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_pod_restarts_once_then_fails_the_jobset() {
+    let mut h = harness(&[]);
+    let k = key("fail");
+    let mut js = jobset(
+        "f",
+        json!({
+            "failurePolicy": {"maxRestarts": 1},
+            "replicatedJobs": [rjob("node", 2, json!([container("c", json!(["sh", "-c", "if [ \"$JOB_COMPLETION_INDEX\" = 1 ]; then echo boom >&2; exit 3; fi; sleep 1000"]), json!([]))]))],
+        }),
+    );
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["name"] =
+        json!("c");
+    h.backend
+        .start(run_spec("fail", "f", vec![js]))
+        .await
+        .unwrap();
+
+    let restarted = h
+        .wait_for(&k, "restarts = 1", |r| r.jobset_status["restarts"] == 1)
+        .await;
+    let first_names: Vec<Value> = restarted
+        .pods
+        .iter()
+        .map(|p| p["metadata"]["name"].clone())
+        .collect();
+    assert_eq!(
+        restarted.pods.len(),
+        2,
+        "the old pods are gone, two fresh ones"
+    );
+    let done = h.wait_for(&k, "a terminal state", |r| r.finished).await;
+    let status = &done.jobset_status;
+    assert_eq!(terminal(&done), Some("Failed"), "{status:#}");
+    assert_eq!(status["restarts"], 1);
+    assert_eq!(status["conditions"][0]["type"], "Failed");
+    assert_eq!(status["conditions"][0]["reason"], "ReachedMaxRestarts");
+    assert_eq!(
+        status["conditions"][0]["message"],
+        "jobset failed due to reaching max number of restarts (first failed job: f-node-0)"
+    );
+    assert_eq!(status["replicatedJobsStatus"][0]["failed"], 1);
+    // The failed pod of the second attempt stays; the sleeping one was deleted.
+    assert_eq!(phases(&done), vec!["Failed"]);
+    let failed = &done.pods[0];
+    assert!(
+        first_names.contains(&failed["metadata"]["name"]),
+        "pods of the second attempt"
+    );
+    assert_eq!(
+        failed["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"],
+        "1"
+    );
+    let terminated = &failed["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(
+        (terminated["exitCode"].clone(), terminated["reason"].clone()),
+        (json!(3), json!("Error"))
+    );
+    let log = read_log(
+        &h.backend,
+        "fail",
+        failed["metadata"]["name"].as_str().unwrap(),
+        Some("c"),
+        false,
+        None,
+    )
+    .await;
+    assert_eq!(log, "boom\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_waits_for_the_initializer() {
+    let mut h = harness(&[]);
+    let k = key("deps");
+    let mark = h.dir.path().join("initialized");
+    let env = json!([{"name": "MARK", "value": mark.to_str().unwrap()}]);
+    let init = rjob(
+        "initializer",
+        1,
+        json!([container(
+            "i",
+            json!(["sh", "-c", "sleep 0.3; echo ok > \"$MARK\""]),
+            env.clone()
+        )]),
+    );
+    let mut node = rjob(
+        "node",
+        2,
+        json!([container(
+            "n",
+            json!(["sh", "-c", "test -f \"$MARK\""]),
+            env
+        )]),
+    );
+    node["dependsOn"] = json!([{"name": "initializer", "status": "Complete"}]);
+    h.backend
+        .start(run_spec(
+            "deps",
+            "d",
+            vec![jobset("d", json!({"replicatedJobs": [init, node]}))],
+        ))
+        .await
+        .unwrap();
+
+    let running = h
+        .wait_for(&k, "the initializer running", |r| {
+            phases(r).first().map(String::as_str) == Some("Running")
+        })
+        .await;
+    assert_eq!(
+        phases(&running),
+        vec!["Running", "Pending", "Pending"],
+        "node pods wait"
+    );
+    assert_eq!(
+        running.jobset_status["replicatedJobsStatus"][1]["active"],
+        0
+    );
+    let done = h.wait_for(&k, "a terminal state", |r| r.finished).await;
+    assert_eq!(
+        terminal(&done),
+        Some("Completed"),
+        "{:#}",
+        done.jobset_status
+    );
+    assert_eq!(phases(&done), vec!["Succeeded"; 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gang_admission_is_all_or_nothing() {
+    let h = harness(&[("cpu", 2000), ("nvidia.com/gpu", 1000)]);
+    let gang = |count, cpu, gpu| {
+        vec![PodSetRequest {
+            name: "node".into(),
+            count,
+            requests_milli: BTreeMap::from([
+                ("cpu".to_string(), cpu),
+                ("nvidia.com/gpu".to_string(), gpu),
+            ]),
+        }]
+    };
+    h.backend.admit(&key("a"), &gang(2, 500, 0)).unwrap();
+    h.backend.admit(&key("a"), &gang(2, 500, 0)).unwrap();
+    let err = h.backend.admit(&key("b"), &gang(2, 500, 1000)).unwrap_err();
+    assert_eq!(
+        err,
+        BackendError::DoesNotFit("nvidia.com/gpu: the gang requests 2, 1 of 1 is free".into())
+    );
+    let err = h
+        .backend
+        .admit(
+            &key("b"),
+            &[PodSetRequest {
+                name: "x".into(),
+                count: 1,
+                requests_milli: [("memory".to_string(), 1)].into(),
+            }],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, BackendError::DoesNotFit(m) if m.starts_with("memory:")),
+        "{err}"
+    );
+    let free: Vec<i64> = h.backend.capacity().iter().map(|c| c.free_milli).collect();
+    assert_eq!(free, vec![1000, 1000], "nothing of b was reserved");
+
+    // A start that was not admitted admits from the JobSet's requests.
+    let mut c = container("c", json!(["true"]), json!([]));
+    c["resources"] = json!({"limits": {"cpu": "600m"}});
+    let js = jobset(
+        "big",
+        json!({"replicatedJobs": [rjob("node", 2, json!([c]))]}),
+    );
+    let err = h
+        .backend
+        .start(run_spec("c", "big", vec![js]))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        BackendError::DoesNotFit("cpu: the gang requests 1200m, 1 of 2 is free".into())
+    );
+    assert!(h.backend.runs().is_empty());
+
+    h.backend.withdraw(&key("a"));
+    assert_eq!(h.backend.capacity()[0].free_milli, 2000);
+    h.backend.withdraw(&key("unknown"));
+
+    let err = h
+        .backend
+        .start(run_spec(
+            "d",
+            "x",
+            vec![json!({"apiVersion": "batch/v1", "kind": "Job"})],
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, BackendError::Invalid(m) if m.contains("must be jobset.x-k8s.io/v1alpha2 JobSet")),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_kills_the_whole_process_tree() {
+    let mut h = harness(&[("cpu", 1000)]);
+    let k = key("sleepy");
+    let mut c = container(
+        "c",
+        json!(["sh", "-c", "sleep 1000 & echo child $!; sleep 1000"]),
+        json!([]),
+    );
+    c["resources"] = json!({"requests": {"cpu": "1"}});
+    let js = jobset(
+        "s",
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    h.backend
+        .start(run_spec("sleepy", "s", vec![js.clone()]))
+        .await
+        .unwrap();
+    h.backend
+        .start(run_spec("sleepy", "s", vec![js]))
+        .await
+        .unwrap();
+    let running = h
+        .wait_for(&k, "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    let pod = running.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pod_dir = h.dir.path().join("work/team/s-1").join(&pod);
+    assert!(pod_dir.join("c.log").exists());
+
+    // The backgrounded sleep's pid, from the followed log.
+    let (child, mut stream) = child_pid(&h.backend, "sleepy", &pod).await;
+    assert!(alive(child));
+
+    h.backend.stop("sleepy", 1).await;
+    gone(child).await;
+    assert!(!pod_dir.exists(), "the run directory is deleted");
+    assert!(h.backend.runs().is_empty());
+    assert_eq!(h.backend.report(&k), None);
+    assert_eq!(h.backend.capacity()[0].free_milli, 1000);
+    // The followed log ends once the run is gone.
+    tokio::time::timeout(DEADLINE, async { while stream.next().await.is_some() {} })
+        .await
+        .unwrap();
+    h.backend.stop("sleepy", 1).await;
+}
+
+/// Follows a pod's log until it says `child <pid>`.
+async fn child_pid(
+    backend: &ProcessBackend,
+    run: &str,
+    pod: &str,
+) -> (u32, trainhub_spoke::backend::LogStream) {
+    let mut stream = backend.logs(run, pod, None, true, None).await.unwrap();
+    let mut text = String::new();
+    let pid = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let chunk = stream.next().await.unwrap().unwrap();
+            text.push_str(std::str::from_utf8(&chunk).unwrap());
+            if let Some(pid) = text
+                .strip_prefix("child ")
+                .and_then(|t| t.trim_end().parse().ok())
+                .filter(|_| text.ends_with('\n'))
+            {
+                return pid;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    (pid, stream)
+}
+
+async fn gone(pid: u32) {
+    tokio::time::timeout(DEADLINE, async {
+        while alive(pid) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("process {pid} is still alive"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_backend_leaves_no_processes() {
+    let mut h = harness(&[]);
+    let c = container(
+        "c",
+        json!(["sh", "-c", "sleep 1000 & echo child $!; sleep 1000"]),
+        json!([]),
+    );
+    let js = jobset(
+        "s",
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    h.backend
+        .start(run_spec("dropped", "s", vec![js]))
+        .await
+        .unwrap();
+    let running = h
+        .wait_for(&key("dropped"), "a running pod", |r| {
+            phases(r) == ["Running"]
+        })
+        .await;
+    let pod = running.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (child, stream) = child_pid(&h.backend, "dropped", &pod).await;
+    drop(stream);
+    assert!(alive(child));
+    drop(h.backend);
+    gone(child).await;
+}
+
+/// A process that exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_tail_and_follow() {
+    let mut h = harness(&[]);
+    let k = key("logs");
+    let script = "echo one; echo two; echo three; read x < \"$GATE\" ; echo four; echo err >&2";
+    let gate = h.dir.path().join("gate");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&gate)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let env = json!([{"name": "GATE", "value": gate.to_str().unwrap()}]);
+    let js = jobset(
+        "l",
+        json!({"replicatedJobs": [rjob("node", 1, json!([container("main", json!(["sh", "-c", script]), env)]))]}),
+    );
+    h.backend
+        .start(run_spec("logs", "l", vec![js]))
+        .await
+        .unwrap();
+    let running = h
+        .wait_for(&k, "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    let pod = running.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Follow the whole log until the first lines are there, then follow the last two
+    // lines while the process still runs; open the gate; both streams end when the
+    // container does.
+    let mut whole = h
+        .backend
+        .logs("logs", &pod, Some("main"), true, None)
+        .await
+        .unwrap();
+    let mut all = String::new();
+    tokio::time::timeout(DEADLINE, async {
+        while !all.contains("three\n") {
+            all.push_str(std::str::from_utf8(&whole.next().await.unwrap().unwrap()).unwrap());
+        }
+    })
+    .await
+    .unwrap();
+    let mut stream = h
+        .backend
+        .logs("logs", &pod, Some("main"), true, Some(2))
+        .await
+        .unwrap();
+    std::fs::write(&gate, "go\n").unwrap();
+    let mut seen = String::new();
+    tokio::time::timeout(DEADLINE, async {
+        while let Some(chunk) = stream.next().await {
+            seen.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+        while let Some(chunk) = whole.next().await {
+            all.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+    })
+    .await
+    .expect("the followed streams end with the container");
+    assert_eq!(all, "one\ntwo\nthree\nfour\nerr\n");
+    assert_eq!(seen, "two\nthree\nfour\nerr\n");
+
+    let done = h.wait_for(&k, "a terminal state", |r| r.finished).await;
+    assert_eq!(terminal(&done), Some("Completed"));
+    assert_eq!(
+        read_log(&h.backend, "logs", &pod, None, false, Some(1)).await,
+        "err\n"
+    );
+    assert_eq!(
+        read_log(&h.backend, "logs", &pod, None, false, Some(0)).await,
+        ""
+    );
+    assert_eq!(
+        read_log(&h.backend, "logs", &pod, None, true, None).await,
+        "one\ntwo\nthree\nfour\nerr\n"
+    );
+
+    let not_found = |r: Result<_, BackendError>| match r {
+        Err(BackendError::NotFound(m)) => m,
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("found"),
+    };
+    assert_eq!(
+        not_found(h.backend.logs("nope", &pod, None, false, None).await),
+        "run \"nope\""
+    );
+    assert_eq!(
+        not_found(h.backend.logs("logs", "nope", None, false, None).await),
+        "pod \"nope\" of run \"logs\""
+    );
+    assert_eq!(
+        not_found(h.backend.logs("logs", &pod, Some("x"), false, None).await),
+        format!("container \"x\" of pod \"{pod}\"")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_without_a_command_fails_its_pod() {
+    let mut h = harness(&[]);
+    let k = key("nocmd");
+    let js = jobset(
+        "n",
+        json!({"replicatedJobs": [rjob("node", 1, json!([{"name": "c", "image": "python:3"}]))]}),
+    );
+    h.backend
+        .start(run_spec("nocmd", "n", vec![js]))
+        .await
+        .unwrap();
+    let done = h.wait_for(&k, "a terminal state", |r| r.finished).await;
+    assert_eq!(terminal(&done), Some("Failed"));
+    assert_eq!(done.jobset_status["conditions"][0]["reason"], "FailedJobs");
+    let message = done.pods[0]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("container \"c\" has no command"),
+        "{message}"
+    );
+}
