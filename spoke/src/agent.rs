@@ -64,10 +64,23 @@ impl AgentConfig {
 pub enum AgentError {
     #[error("hub address {0:?}: {1}")]
     Address(String, String),
-    #[error("connecting to the hub: {0}")]
+    #[error("connecting to the hub: {}", chain(.0))]
     Connect(#[from] tonic::transport::Error),
     #[error("the hub ended the session: {0}")]
     Status(#[from] tonic::Status),
+}
+
+/// An error with its sources: tonic's transport errors say only
+/// "transport error" at the top.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 type Outbound = mpsc::UnboundedSender<pb::SpokeMessage>;
