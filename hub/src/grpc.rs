@@ -16,8 +16,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
+use trainhub_apiserver::auth::user_from_certificate;
 use trainhub_proto as pb;
-use x509_parser::prelude::{FromDer, X509Certificate};
 
 use crate::dispatch::Dispatch;
 
@@ -96,19 +96,9 @@ fn spoke_name<T>(request: &Request<T>) -> Result<String, Status> {
     let der = certs
         .first()
         .ok_or_else(|| Status::unauthenticated("a spoke must present a client certificate"))?;
-    let (_, cert) = X509Certificate::from_der(der.as_ref())
-        .map_err(|e| Status::unauthenticated(format!("unreadable client certificate: {e}")))?;
-    let subject = cert.subject();
-    let name = subject
-        .iter_common_name()
-        .filter_map(|cn| cn.as_str().ok())
-        .last()
-        .unwrap_or_default()
-        .to_string();
-    if !subject
-        .iter_organization()
-        .any(|o| o.as_str().ok() == Some(SPOKE_GROUP))
-    {
+    let user = user_from_certificate(der.as_ref()).map_err(Status::unauthenticated)?;
+    let name = user.name;
+    if !user.groups.iter().any(|g| g == SPOKE_GROUP) {
         return Err(Status::permission_denied(format!(
             "certificate {name:?} is not a spoke certificate (Subject O {SPOKE_GROUP} missing)"
         )));

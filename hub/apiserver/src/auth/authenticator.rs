@@ -83,7 +83,7 @@ fn bearer_token(header: &str) -> Option<&str> {
 
 /// User = Subject CN, groups = Subject O values, as upstream's
 /// `CommonNameUserConversion`. A certificate without a CN identifies no one.
-fn user_from_certificate(der: &[u8]) -> Result<UserInfo, String> {
+pub fn user_from_certificate(der: &[u8]) -> Result<UserInfo, String> {
     let (_, cert) = X509Certificate::from_der(der)
         .map_err(|e| format!("cannot parse client certificate: {e}"))?;
     let subject = cert.subject();
