@@ -524,6 +524,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn put_creates_or_replaces_and_remove_ignores_absent_keys() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("store.redb"), 100).expect("open");
+        let mut watch = store
+            .watch("trainer.kubeflow.org/trainjobs", None, Some(0))
+            .expect("watch");
+        let put = |v: Value| Op::Put {
+            key: key("a"),
+            value: v,
+        };
+        store.commit(vec![put(job("a"))]).await.expect("put new");
+        let mut replaced = job("a");
+        replaced["spec"] = serde_json::json!({"x": 1});
+        store.commit(vec![put(replaced)]).await.expect("put again");
+        assert_eq!(store.get(&key("a")).expect("a").value["spec"]["x"], 1);
+        // Removing an absent key writes nothing and is no error.
+        let none = store
+            .commit(vec![Op::Remove { key: key("zz") }])
+            .await
+            .expect("remove absent");
+        assert!(none.is_empty());
+        store
+            .commit(vec![Op::Remove { key: key("a") }])
+            .await
+            .expect("remove a");
+        assert!(store.get(&key("a")).is_none());
+        let mut kinds = Vec::new();
+        for _ in 0..3 {
+            kinds.push(watch.live.recv().await.expect("event").kind);
+        }
+        assert_eq!(
+            kinds,
+            [EventType::Added, EventType::Modified, EventType::Deleted]
+        );
+        assert_eq!(store.revision(), 3);
+    }
+
+    #[tokio::test]
     async fn writes_survive_reopen_and_rv_stays_monotonic() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("store.redb");
