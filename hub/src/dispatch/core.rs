@@ -338,14 +338,9 @@ impl Dispatcher {
                     quota: initial_quota(self.config.mode),
                 };
             }
-            (Want::Suspend, Phase::Queued { offers, .. }) => {
-                for spoke in offers.keys() {
-                    actions.push(Action::Withdraw {
-                        spoke: spoke.clone(),
-                        run_id: job.info.uid.clone(),
-                        generation: job.generation,
-                    });
-                }
+            // No longer wanted before a spoke admitted it.
+            (Want::Suspend | Want::Finished, Phase::Queued { offers, .. }) => {
+                actions.extend(withdraw_all(offers.keys(), &job.info.uid, job.generation));
                 job.phase = Phase::Idle;
             }
             (Want::Suspend, Phase::Placed { spoke }) => {
@@ -362,16 +357,6 @@ impl Dispatcher {
                         generation: job.generation,
                     },
                 });
-                job.phase = Phase::Idle;
-            }
-            (Want::Finished, Phase::Queued { offers, .. }) => {
-                for spoke in offers.keys() {
-                    actions.push(Action::Withdraw {
-                        spoke: spoke.clone(),
-                        run_id: job.info.uid.clone(),
-                        generation: job.generation,
-                    });
-                }
                 job.phase = Phase::Idle;
             }
             // Committing: `committed` decides once the write is done.
@@ -395,13 +380,7 @@ impl Dispatcher {
         let run_id = job.info.uid.clone();
         match job.phase {
             Phase::Queued { offers, .. } => {
-                for spoke in offers.into_keys() {
-                    actions.push(Action::Withdraw {
-                        spoke,
-                        run_id: run_id.clone(),
-                        generation: job.generation,
-                    });
-                }
+                actions.extend(withdraw_all(offers.keys(), &run_id, job.generation));
             }
             Phase::Placed { spoke } | Phase::Committing { spoke } => {
                 actions.push(Action::Stop {
@@ -789,6 +768,21 @@ impl Dispatcher {
         }
         actions
     }
+}
+
+/// Withdrawals of one run's offers from `spokes`.
+fn withdraw_all<'a>(
+    spokes: impl Iterator<Item = &'a String>,
+    run_id: &str,
+    generation: i64,
+) -> Vec<Action> {
+    spokes
+        .map(|spoke| Action::Withdraw {
+            spoke: spoke.clone(),
+            run_id: run_id.to_string(),
+            generation,
+        })
+        .collect()
 }
 
 fn initial_quota(mode: Mode) -> usize {
