@@ -16,15 +16,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, DynamicObject, PostParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{DynamicObject, PostParams};
 use serde_json::json;
 use trainhub::dispatch::{DispatchConfig, core};
 use trainhub::hub::{Config, Hub};
-use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
-use trainhub_apiserver::pki::{Ca, PemDir};
 use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::sim::SimBackend;
+
+#[path = "support/mod.rs"]
+mod support;
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -49,19 +49,7 @@ fn main() {
 
 async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let pki = PemDir::new(dir.path().join("pki"));
-    let ca: Ca = pki.load_or_create_ca("bench-ca").expect("ca");
-    pki.write(
-        "hub",
-        &ca.issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
-            .expect("cert"),
-    )
-    .expect("write cert");
-    std::fs::write(
-        dir.path().join("tokens.csv"),
-        "bench-token-0123456789,bench,bench,\"system:masters\"\n",
-    )
-    .expect("tokens");
+    let (pki, ca) = support::pki_and_token(dir.path());
     let mode = if incremental {
         core::Mode::Incremental {
             step: 3,
@@ -139,31 +127,7 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let kubeconfig = dir.path().join("kubeconfig");
-    Kubeconfig::write(
-        &kubeconfig,
-        &KubeconfigParams {
-            cluster_name: "bench".into(),
-            server_url: format!("https://{}", addrs.api),
-            ca_pem: ca.cert_pem().to_string(),
-            user_name: "bench".into(),
-            token: Some("bench-token-0123456789".into()),
-            client_cert_pem: None,
-            client_key_pem: None,
-            namespace: Some("default".into()),
-        },
-    )
-    .expect("kubeconfig");
-    let raw = kube::config::Kubeconfig::read_from(&kubeconfig).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(raw, &Default::default())
-        .await
-        .expect("config");
-    let client = kube::Client::try_from(config).expect("client");
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
-        "trainjobs",
-    );
-    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
+    let api = support::trainjobs(dir.path(), addrs.api, &ca).await;
 
     // Warm up connections, plugins and the whole path once.
     let warmup = concurrency.min(jobs).max(1);

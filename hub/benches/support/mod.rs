@@ -1,0 +1,60 @@
+//! Set-up shared by the benchmarks that drive a hub through its REST API.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::Path;
+
+use kube::api::{Api, DynamicObject};
+use kube::core::{ApiResource, GroupVersionKind};
+use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
+use trainhub_apiserver::pki::{Ca, PemDir};
+
+const TOKEN: &str = "bench-token-0123456789";
+
+/// A CA with the hub's serving certificate in `dir/pki`, and an admin
+/// token in `dir/tokens.csv`.
+pub fn pki_and_token(dir: &Path) -> (PemDir, Ca) {
+    let pki = PemDir::new(dir.join("pki"));
+    let ca = pki.load_or_create_ca("bench-ca").expect("ca");
+    pki.write(
+        "hub",
+        &ca.issue_server("hub", &["localhost"], &[IpAddr::V4(Ipv4Addr::LOCALHOST)])
+            .expect("cert"),
+    )
+    .expect("write cert");
+    std::fs::write(
+        dir.join("tokens.csv"),
+        format!("{TOKEN},bench,bench,\"system:masters\"\n"),
+    )
+    .expect("tokens");
+    (pki, ca)
+}
+
+/// A kube-rs client for TrainJobs in `default` of the hub at `api`, through
+/// a kubeconfig written in `dir`.
+pub async fn trainjobs(dir: &Path, api: SocketAddr, ca: &Ca) -> Api<DynamicObject> {
+    let kubeconfig = dir.join("kubeconfig");
+    Kubeconfig::write(
+        &kubeconfig,
+        &KubeconfigParams {
+            cluster_name: "bench".into(),
+            server_url: format!("https://{api}"),
+            ca_pem: ca.cert_pem().to_string(),
+            user_name: "bench".into(),
+            token: Some(TOKEN.into()),
+            client_cert_pem: None,
+            client_key_pem: None,
+            namespace: Some("default".into()),
+        },
+    )
+    .expect("kubeconfig");
+    let raw = kube::config::Kubeconfig::read_from(&kubeconfig).expect("read kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(raw, &Default::default())
+        .await
+        .expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("trainer.kubeflow.org", "v1alpha1", "TrainJob"),
+        "trainjobs",
+    );
+    Api::namespaced_with(client, "default", &ar)
+}
