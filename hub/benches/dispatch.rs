@@ -4,11 +4,15 @@
 //! through the REST API by C concurrent clients.
 //!
 //! `cargo bench -p trainhub --bench dispatch -- [--spokes S] [--jobs T]
-//! [--concurrency C] [--incremental]` (defaults: 50 spokes, 10000 jobs, 32
-//! clients, AllAtOnce). Latency is from the start of a TrainJob's create
-//! request to the moment its winning spoke receives the start (placement
-//! committed, objects built); throughput is TrainJobs started per second
-//! from the first create to the last start.
+//! [--concurrency C] [--rate R] [--incremental]` (defaults: 50 spokes,
+//! 10000 jobs, 32 clients, as fast as they go, AllAtOnce). With `--rate`,
+//! creates are paced at R per second (open loop, as long as C clients keep
+//! up), to measure latency at a given load rather than at saturation.
+//! Latency is from the start of a TrainJob's create request to the moment
+//! its winning spoke receives the start (placement committed, objects
+//! built); throughput is TrainJobs started per second from the first create
+//! to the last start; CPU is the process's user + system time over the
+//! same span, per TrainJob (hub, spokes and clients together).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -39,15 +43,32 @@ fn main() {
     let spokes = arg("--spokes", 50);
     let jobs = arg("--jobs", 10_000);
     let concurrency = arg("--concurrency", 32);
+    let rate = arg("--rate", 0);
     let incremental = std::env::args().any(|a| a == "--incremental");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(spokes, jobs, concurrency, incremental));
+    runtime.block_on(run(spokes, jobs, concurrency, rate, incremental));
 }
 
-async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) {
+/// User + system CPU time of this process so far (Linux `/proc`).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime and
+    // stime are the 12th and 13th, in clock ticks (100 per second).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+async fn run(spokes: usize, jobs: usize, concurrency: usize, rate: usize, incremental: bool) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
     let mode = if incremental {
@@ -143,6 +164,7 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) 
     let submitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
     let next = Arc::new(AtomicUsize::new(0));
     let begin = Instant::now();
+    let cpu_begin = cpu_time();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
         let (api, next, submitted) = (api.clone(), next.clone(), submitted.clone());
@@ -151,6 +173,10 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) 
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= jobs {
                     return;
+                }
+                if rate > 0 {
+                    let due = begin + Duration::from_secs_f64(i as f64 / rate as f64);
+                    tokio::time::sleep_until(due.into()).await;
                 }
                 let name = format!("bench-{i:06}");
                 submitted
@@ -180,14 +206,20 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) 
         latencies.push(at.duration_since(t0));
         last = last.max(at);
     }
+    let cpu = cpu_time().saturating_sub(cpu_begin);
     for w in workers {
         w.await.expect("worker");
     }
     let elapsed = last.duration_since(begin);
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let offered = if rate > 0 {
+        format!("offered {rate}/s")
+    } else {
+        "as fast as they go".to_string()
+    };
     println!(
-        "dispatch: {jobs} TrainJobs (2 pods each), {spokes} simulated spokes over gRPC + mTLS, {concurrency} concurrent REST clients, {}",
+        "dispatch: {jobs} TrainJobs (2 pods each), {spokes} simulated spokes over gRPC + mTLS, {concurrency} concurrent REST clients ({offered}), {}",
         if incremental {
             "Incremental"
         } else {
@@ -198,6 +230,11 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, incremental: bool) 
         "throughput: {:.0} TrainJobs started/s ({:.2} s)",
         jobs as f64 / elapsed.as_secs_f64(),
         elapsed.as_secs_f64()
+    );
+    println!(
+        "cpu: {:.2} ms per TrainJob (user + system, whole process, {:.1} s)",
+        cpu.as_secs_f64() * 1000.0 / jobs as f64,
+        cpu.as_secs_f64()
     );
     println!(
         "submit-to-started latency: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",

@@ -38,7 +38,7 @@ use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
 use trainhub_apiserver::field::FieldError;
 use trainhub_apiserver::status::ApiError;
-use trainhub_apiserver::store::{Key, Store};
+use trainhub_apiserver::store::{Key, Object, Rv, Store};
 use trainhub_plugin_sdk as sdk;
 
 use crate::plugins::{Pipeline, PipelineError, Registry, Snapshot};
@@ -141,6 +141,9 @@ pub struct TrainerAdmission {
     plugins: Arc<dyn PluginSource>,
     schemas: Arc<Schemas>,
     clock: Box<dyn Fn() -> SystemTime + Send + Sync>,
+    /// Runtimes read (defaulted and typed), by key and resourceVersion:
+    /// every TrainJob create, offer, build and status mapping reads one.
+    runtimes: moka::sync::Cache<(Key, Rv), Arc<sdk::Runtime>>,
 }
 
 impl TrainerAdmission {
@@ -152,6 +155,7 @@ impl TrainerAdmission {
             plugins,
             schemas: Schemas::get(),
             clock: Box::new(SystemTime::now),
+            runtimes: moka::sync::Cache::new(1024),
         }
     }
 
@@ -227,8 +231,8 @@ impl TrainerAdmission {
         let Some(stored) = self.store.get(&key) else {
             return Ok(vec![trainjob::missing_runtime(runtime_ref)]);
         };
-        let runtime = self.read_runtime(&key, &stored.value)?;
-        if matches!(runtime, sdk::Runtime::ClusterTrainingRuntime(_))
+        let runtime = self.read_runtime(&stored)?;
+        if matches!(*runtime, sdk::Runtime::ClusterTrainingRuntime(_))
             && runtime::is_deprecated(&stored.value)
         {
             warnings.push(runtime::deprecated_reference_warning(&runtime_ref.name));
@@ -266,7 +270,7 @@ impl TrainerAdmission {
 
     /// The runtime a stored TrainJob refers to, defaulted as admission
     /// reads it (for dispatch and status mapping).
-    pub fn runtime_of(&self, job: &TrainJob) -> Result<sdk::Runtime, String> {
+    pub fn runtime_of(&self, job: &TrainJob) -> Result<Arc<sdk::Runtime>, String> {
         let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
         let key = trainjob::runtime_key(&job.spec.runtime_ref, namespace)
             .map_err(|e| format!("{}: {}", e.field, e.detail))?;
@@ -274,13 +278,17 @@ impl TrainerAdmission {
             .store
             .get(&key)
             .ok_or_else(|| format!("{key} not found"))?;
-        self.read_runtime(&key, &stored.value)
-            .map_err(|e| e.message)
+        self.read_runtime(&stored).map_err(|e| e.message)
     }
 
     /// A stored runtime with the schema's defaults applied, as an informer
     /// would hand it to upstream's controller.
-    fn read_runtime(&self, key: &Key, stored: &Value) -> Result<sdk::Runtime, ApiError> {
+    fn read_runtime(&self, stored: &Object) -> Result<Arc<sdk::Runtime>, ApiError> {
+        let cache_key = (stored.key.clone(), stored.rv);
+        if let Some(runtime) = self.runtimes.get(&cache_key) {
+            return Ok(runtime);
+        }
+        let key = &stored.key;
         let (kind, schema) = if key.resource == trainjob::TRAINING_RUNTIMES {
             (
                 constants::TRAINING_RUNTIME_KIND,
@@ -292,15 +300,19 @@ impl TrainerAdmission {
                 &self.schemas.cluster_training_runtime,
             )
         };
-        let mut value = stored.clone();
+        let mut value = stored.value.as_ref().clone();
         if let Some(map) = value.as_object_mut() {
             map.entry("apiVersion")
                 .or_insert_with(|| format!("{}/v1alpha1", constants::TRAINER_GROUP).into());
             map.entry("kind").or_insert_with(|| kind.into());
         }
         schema.apply_defaults(&mut value);
-        serde_json::from_value(value)
-            .map_err(|e| ApiError::internal(format!("stored {key} is not a readable {kind}: {e}")))
+        let runtime: sdk::Runtime = serde_json::from_value(value).map_err(|e| {
+            ApiError::internal(format!("stored {key} is not a readable {kind}: {e}"))
+        })?;
+        let runtime = Arc::new(runtime);
+        self.runtimes.insert(cache_key, runtime.clone());
+        Ok(runtime)
     }
 
     fn admit_runtime(

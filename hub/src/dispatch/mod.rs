@@ -31,7 +31,7 @@ use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::selector::LabelSelector;
 use trainhub_apiserver::server::{ByteStream, LogSource};
 use trainhub_apiserver::status::ApiError;
-use trainhub_apiserver::store::{Key, Op, Store, StoreError};
+use trainhub_apiserver::store::{Key, Op, Rv, Store, StoreError};
 use trainhub_builtin_plugins::quantity::Quantity;
 use trainhub_plugin_sdk as sdk;
 use trainhub_proto as pb;
@@ -122,6 +122,12 @@ impl DispatchArgs {
     }
 }
 
+/// What a TrainJob asks for, and the enforced runtime info it comes from.
+struct Demand {
+    pod_sets: Vec<PodSetDemand>,
+    info: sdk::RuntimeInfo,
+}
+
 struct Session {
     id: u64,
     tx: mpsc::UnboundedSender<pb::HubMessage>,
@@ -130,8 +136,13 @@ struct Session {
 }
 
 /// A write for the store writer; `done` learns whether it was committed.
+#[derive(Default)]
 struct Write {
     ops: Vec<Op>,
+    /// A mapped status to merge into a TrainJob's status as it is when the
+    /// write is committed (merges of one batch to one TrainJob become one
+    /// update).
+    merge: Option<(Key, Value)>,
     done: Option<Box<dyn FnOnce(bool) + Send>>,
 }
 
@@ -145,12 +156,15 @@ pub struct Dispatch {
     sessions: Mutex<HashMap<String, Session>>,
     next_id: std::sync::atomic::AtomicU64,
     logs: Mutex<HashMap<String, mpsc::Sender<Result<Bytes, String>>>>,
-    /// Pod sets per TrainJob (uid, metadata.generation).
-    demand: Mutex<HashMap<(String, i64), Vec<PodSetDemand>>>,
+    /// Pod sets per TrainJob (uid, metadata.generation), and the enforced
+    /// runtime info they come from (which the Build phase starts from).
+    demand: moka::sync::Cache<(String, i64), Arc<Demand>>,
     /// Pods shown per TrainJob, and the hash of what each last was.
     pods: Mutex<HashMap<JobKey, HashMap<String, u64>>>,
     /// Hash of the last JobSet status mapped per run.
     statuses: Mutex<HashMap<String, u64>>,
+    /// Typed TrainJobs by (uid, generation, hash of labels and annotations).
+    typed: moka::sync::Cache<(String, i64, u64), Arc<TrainJob>>,
     writer: mpsc::UnboundedSender<Write>,
     writer_rx: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
     epoch: Instant,
@@ -192,9 +206,10 @@ impl Dispatch {
             sessions: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(1),
             logs: Mutex::new(HashMap::new()),
-            demand: Mutex::new(HashMap::new()),
+            demand: moka::sync::Cache::new(65_536),
             pods: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
+            typed: moka::sync::Cache::new(4096),
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),
             epoch: Instant::now(),
@@ -396,13 +411,13 @@ impl Dispatch {
         let pod_sets = if want == Want::Run {
             let generation = meta["generation"].as_i64().unwrap_or(0);
             let cache_key = (uid.clone(), generation);
-            let cached = lock(&self.demand).get(&cache_key).cloned();
-            match cached {
-                Some(p) => p,
+            match self.demand.get(&cache_key) {
+                Some(d) => d.pod_sets.clone(),
                 None => match self.compute_demand(object) {
-                    Ok(p) => {
-                        lock(&self.demand).insert(cache_key, p.clone());
-                        p
+                    Ok(d) => {
+                        let pod_sets = d.pod_sets.clone();
+                        self.demand.insert(cache_key, Arc::new(d));
+                        pod_sets
                     }
                     Err(message) => {
                         self.fail(namespace, name, REASON_BUILD_FAILED, &message);
@@ -424,9 +439,29 @@ impl Dispatch {
         })
     }
 
-    fn pipeline_for(&self, object: &Value) -> Result<(TrainJob, sdk::Runtime, Pipeline), String> {
-        let job: TrainJob = serde_json::from_value(object.clone())
-            .map_err(|e| format!("the stored TrainJob cannot be read: {e}"))?;
+    /// The typed TrainJob, its runtime and its plugins. The typed TrainJob
+    /// is read once per spec generation and metadata (status is not what
+    /// the plugins are given it for).
+    fn pipeline_for(
+        &self,
+        object: &Value,
+    ) -> Result<(Arc<TrainJob>, Arc<sdk::Runtime>, Pipeline), String> {
+        let meta = &object["metadata"];
+        let cache_key = (
+            meta["uid"].as_str().unwrap_or_default().to_string(),
+            meta["generation"].as_i64().unwrap_or(0),
+            hash_of(&(meta["labels"].to_string(), meta["annotations"].to_string())),
+        );
+        let job = match self.typed.get(&cache_key) {
+            Some(job) => job,
+            None => {
+                let job: TrainJob = serde_json::from_value(object.clone())
+                    .map_err(|e| format!("the stored TrainJob cannot be read: {e}"))?;
+                let job = Arc::new(job);
+                self.typed.insert(cache_key, job.clone());
+                job
+            }
+        };
         let runtime = self.admission.runtime_of(&job)?;
         let pipeline =
             Pipeline::select(&self.plugins.snapshot(), &runtime).map_err(|e| e.to_string())?;
@@ -435,12 +470,13 @@ impl Dispatch {
 
     /// Pod sets with counts and per-pod requests, after the ML and pod
     /// group policies.
-    fn compute_demand(&self, object: &Value) -> Result<Vec<PodSetDemand>, String> {
+    fn compute_demand(&self, object: &Value) -> Result<Demand, String> {
         let (job, runtime, pipeline) = self.pipeline_for(object)?;
         let info = pipeline
             .enforce(&job, &runtime)
             .map_err(|e| e.to_string())?;
-        info.pod_sets
+        let pod_sets = info
+            .pod_sets
             .iter()
             .map(|set| {
                 let mut requests = core::Resources::new();
@@ -461,7 +497,8 @@ impl Dispatch {
                     requests_milli: requests,
                 })
             })
-            .collect()
+            .collect::<Result<_, String>>()?;
+        Ok(Demand { pod_sets, info })
     }
 
     /// Marks a TrainJob Failed with `reason`.
@@ -490,16 +527,50 @@ impl Dispatch {
     }
 
     fn write(&self, ops: Vec<Op>) {
-        let _ = self.writer.send(Write { ops, done: None });
+        let _ = self.writer.send(Write {
+            ops,
+            ..Write::default()
+        });
     }
 
     /// Commits queued writes in batches: everything waiting goes in one
-    /// store commit; a failed batch is retried op by op so one bad write
-    /// does not sink the others.
+    /// store commit, status merges included (read from the store now, each
+    /// TrainJob updated once with its merges applied in order); a failed
+    /// batch is retried write by write so one bad write does not sink the
+    /// others.
     async fn write_loop(&self, mut rx: mpsc::UnboundedReceiver<Write>) {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 4096).await > 0 {
-            let ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
+            let mut ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
+            // (key, resourceVersion read, object with the merges, changed)
+            let mut merged: Vec<(Key, Rv, Value, bool)> = Vec::new();
+            for (key, mapped) in batch.iter().filter_map(|w| w.merge.as_ref()) {
+                let at = match merged.iter().position(|(k, ..)| k == key) {
+                    Some(at) => at,
+                    None => {
+                        let Some(object) = self.store.get(key) else {
+                            continue;
+                        };
+                        let value = object.value.as_ref().clone();
+                        merged.push((key.clone(), object.rv, value, false));
+                        merged.len() - 1
+                    }
+                };
+                let (_, _, value, changed) = &mut merged[at];
+                let mut status = value["status"].take();
+                *changed |= merge_status(&mut status, mapped);
+                value["status"] = status;
+            }
+            for (key, rv, value, changed) in merged {
+                if !changed {
+                    continue;
+                }
+                ops.push(Op::Update {
+                    key,
+                    value,
+                    expected: Some(rv),
+                });
+            }
             if ops.is_empty() || self.store.commit(ops).await.is_ok() {
                 for w in batch.drain(..) {
                     if let Some(done) = w.done {
@@ -509,13 +580,19 @@ impl Dispatch {
                 continue;
             }
             for w in batch.drain(..) {
-                let ok = match self.store.commit(w.ops).await {
+                let mut ok = match self.store.commit(w.ops).await {
                     Ok(_) => true,
                     Err(e) => {
                         tracing::warn!(error = %e, "dispatch: write failed");
                         false
                     }
                 };
+                if let Some((key, mapped)) = &w.merge {
+                    ok &= update_status(self.store.as_ref(), key, |status| {
+                        merge_status(status, mapped)
+                    })
+                    .await;
+                }
                 if let Some(done) = w.done {
                     done(ok);
                 }
@@ -623,6 +700,7 @@ impl Dispatch {
         };
         let _ = self.writer.send(Write {
             ops: vec![Op::Put { key, value }],
+            merge: None,
             done,
         });
     }
@@ -668,9 +746,13 @@ impl Dispatch {
                 let value = object.value.clone();
                 tokio::task::spawn_blocking(move || {
                     let (job, runtime, pipeline) = this.pipeline_for(&value)?;
-                    pipeline
-                        .build(&job, &runtime, &target)
-                        .map_err(|e| e.to_string())
+                    let generation = value["metadata"]["generation"].as_i64().unwrap_or(0);
+                    let uid = value["metadata"]["uid"].as_str().unwrap_or_default();
+                    let built = match this.demand.get(&(uid.to_string(), generation)) {
+                        Some(demand) => pipeline.build_enforced(&job, demand.info.clone(), &target),
+                        None => pipeline.build(&job, &runtime, &target),
+                    };
+                    built.map_err(|e| e.to_string())
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("the build task failed: {e}")))
@@ -796,7 +878,7 @@ impl Dispatch {
                 );
                 self.execute(actions);
             }
-            Message::Report(report) => self.on_report(spoke, report).await,
+            Message::Report(report) => self.on_report(spoke, report),
             Message::Log(chunk) => {
                 let tx = {
                     let mut logs = lock(&self.logs);
@@ -820,7 +902,7 @@ impl Dispatch {
 
     /// A run report: taken if the run is placed on this spoke, else refused
     /// (and the run stopped: it must not run there).
-    async fn on_report(&self, spoke: &str, report: pb::RunReport) {
+    fn on_report(&self, spoke: &str, report: pb::RunReport) {
         let verdict = lock(&self.state).check_run(spoke, &report.run_id, report.generation);
         let key = match verdict {
             Verdict::Accept(key) => key,
@@ -848,7 +930,7 @@ impl Dispatch {
         let status_hash = hash_of(&report.jobset_status_json);
         let changed =
             lock(&self.statuses).insert(report.run_id.clone(), status_hash) != Some(status_hash);
-        if changed && let Err(message) = self.map_status(&key, &report.jobset_status_json).await {
+        if changed && let Err(message) = self.map_status(&key, &report.jobset_status_json) {
             tracing::warn!(trainjob = %key, message, "mapping the run's status");
         }
     }
@@ -919,8 +1001,9 @@ impl Dispatch {
         }
     }
 
-    /// PostExecution: the TrainJob's status from the JobSet status.
-    async fn map_status(&self, key: &JobKey, jobset_status_json: &str) -> Result<(), String> {
+    /// PostExecution: the TrainJob's status from the JobSet status, merged
+    /// by the writer in the order reports arrived.
+    fn map_status(&self, key: &JobKey, jobset_status_json: &str) -> Result<(), String> {
         if jobset_status_json.is_empty() {
             return Ok(());
         }
@@ -938,10 +1021,10 @@ impl Dispatch {
             return Ok(());
         };
         let mapped = serde_json::to_value(&mapped).map_err(|e| e.to_string())?;
-        update_status(self.store.as_ref(), &store_key, |status| {
-            merge_status(status, &mapped)
-        })
-        .await;
+        let _ = self.writer.send(Write {
+            merge: Some((store_key, mapped)),
+            ..Write::default()
+        });
         Ok(())
     }
 
@@ -1103,14 +1186,21 @@ fn merge_status(status: &mut Value, mapped: &Value) -> bool {
     *status != before
 }
 
-/// Read-modify-write of a TrainJob's status, retried on conflicts.
-async fn update_status(store: &dyn Store, key: &Key, mut change: impl FnMut(&mut Value) -> bool) {
+/// Read-modify-write of a TrainJob's status, retried on conflicts; whether
+/// it ended written (or with nothing to write).
+async fn update_status(
+    store: &dyn Store,
+    key: &Key,
+    mut change: impl FnMut(&mut Value) -> bool,
+) -> bool {
     for _ in 0..5 {
-        let Some(object) = store.get(key) else { return };
+        let Some(object) = store.get(key) else {
+            return true;
+        };
         let mut value = object.value.as_ref().clone();
         let mut status = value["status"].take();
         if !change(&mut status) {
-            return;
+            return true;
         }
         value["status"] = status;
         match store
@@ -1121,14 +1211,16 @@ async fn update_status(store: &dyn Store, key: &Key, mut change: impl FnMut(&mut
             }])
             .await
         {
-            Ok(_) | Err(StoreError::NotFound(_)) => return,
+            Ok(_) | Err(StoreError::NotFound(_)) => return true,
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => {
                 tracing::warn!(%key, error = %e, "writing TrainJob status");
-                return;
+                return false;
             }
         }
     }
+    tracing::warn!(%key, "writing TrainJob status: still conflicting after 5 attempts");
+    false
 }
 
 #[cfg(test)]

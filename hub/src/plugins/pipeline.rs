@@ -333,6 +333,26 @@ impl Pipeline {
     ) -> Result<Rendered, PipelineError> {
         let job_json = to_json("TrainJob", job)?;
         let info = self.enforce_with(job, &job_json, runtime)?;
+        self.build_objects(info, &job_json, target)
+    }
+
+    /// Build with runtime info that [`Pipeline::enforce`] already gave for
+    /// this TrainJob (the policies do not depend on the target).
+    pub fn build_enforced(
+        &self,
+        job: &TrainJob,
+        info: RuntimeInfo,
+        target: &Target,
+    ) -> Result<Rendered, PipelineError> {
+        self.build_objects(info, &to_json("TrainJob", job)?, target)
+    }
+
+    fn build_objects(
+        &self,
+        info: RuntimeInfo,
+        job_json: &str,
+        target: &Target,
+    ) -> Result<Rendered, PipelineError> {
         let mut objects = Vec::new();
         for plugin in self.applicable() {
             if !plugin
@@ -342,7 +362,7 @@ impl Pipeline {
             {
                 continue;
             }
-            for raw in plugin.build(&info, &job_json, target)? {
+            for raw in plugin.build(&info, job_json, target)? {
                 objects.push(check_object(plugin.id(), &raw)?);
             }
         }

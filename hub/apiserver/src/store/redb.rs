@@ -167,13 +167,20 @@ fn set_rv(value: &mut Value, rv: Rv) {
     }
 }
 
-fn encode_event(event: &Event) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(&serde_json::json!({
-        "type": event.kind.as_str(),
-        "key": event.object.key.encode(),
-        "object": &*event.object.value,
-    }))
-    .map_err(storage)
+/// `{"type": ..., "key": ..., "object": ...}` around the object's JSON,
+/// which the caller has already encoded for the objects table.
+fn encode_event(event: &Event, object_json: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let key = serde_json::to_string(&event.object.key.encode()).map_err(storage)?;
+    let kind = event.kind.as_str();
+    let mut out = Vec::with_capacity(object_json.len() + key.len() + 40);
+    out.extend_from_slice(br#"{"type":""#);
+    out.extend_from_slice(kind.as_bytes());
+    out.extend_from_slice(br#"","key":"#);
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(br#","object":"#);
+    out.extend_from_slice(object_json);
+    out.push(b'}');
+    Ok(out)
 }
 
 fn decode_event(rv: Rv, bytes: &[u8]) -> Result<Event, StoreError> {
@@ -407,18 +414,18 @@ fn persist(
         for staged in outcomes.iter().flatten() {
             for event in &staged.events {
                 let key = event.object.key.encode();
+                let object_json = serde_json::to_vec(&*event.object.value).map_err(storage)?;
                 match event.kind {
                     EventType::Deleted => {
                         objects.remove(key.as_str()).map_err(storage)?;
                     }
                     _ => {
-                        let bytes = serde_json::to_vec(&*event.object.value).map_err(storage)?;
                         objects
-                            .insert(key.as_str(), bytes.as_slice())
+                            .insert(key.as_str(), object_json.as_slice())
                             .map_err(storage)?;
                     }
                 }
-                let bytes = encode_event(event)?;
+                let bytes = encode_event(event, &object_json)?;
                 events
                     .insert(event.object.rv, bytes.as_slice())
                     .map_err(storage)?;
