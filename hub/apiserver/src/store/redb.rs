@@ -237,8 +237,9 @@ fn write_loop(
         let mut outcomes: Vec<Result<Staged, StoreError>> = Vec::with_capacity(batch.len());
         {
             let s = state.read().unwrap_or_else(|p| p.into_inner());
-            for request in &batch {
-                let outcome = stage(&s.objects, &mut overlay, &mut rv, &request.ops);
+            for request in &mut batch {
+                let ops = std::mem::take(&mut request.ops);
+                let outcome = stage(&s.objects, &mut overlay, &mut rv, ops);
                 outcomes.push(outcome);
             }
         }
@@ -292,7 +293,7 @@ fn stage(
     objects: &BTreeMap<Key, Object>,
     overlay: &mut BTreeMap<Key, Option<Object>>,
     rv: &mut Rv,
-    ops: &[Op],
+    ops: Vec<Op>,
 ) -> Result<Staged, StoreError> {
     let mut local: Vec<(Key, Option<Object>)> = Vec::with_capacity(ops.len());
     let mut next = *rv;
@@ -326,7 +327,7 @@ fn stage(
         next += 1;
         let (kind, object) = match op {
             Op::Put { value, .. } => {
-                let mut value = value.clone();
+                let mut value = value;
                 set_rv(&mut value, next);
                 (
                     if current.is_some() {
@@ -345,7 +346,7 @@ fn stage(
                 if current.is_some() {
                     return Err(StoreError::AlreadyExists(key));
                 }
-                let mut value = value.clone();
+                let mut value = value;
                 set_rv(&mut value, next);
                 (
                     EventType::Added,
@@ -359,8 +360,8 @@ fn stage(
             Op::Update {
                 value, expected, ..
             } => {
-                check(expected)?;
-                let mut value = value.clone();
+                check(&expected)?;
+                let mut value = value;
                 set_rv(&mut value, next);
                 (
                     EventType::Modified,
@@ -373,7 +374,7 @@ fn stage(
             }
             Op::Delete { .. } | Op::Remove { .. } => {
                 let expected = match op {
-                    Op::Delete { expected, .. } => *expected,
+                    Op::Delete { expected, .. } => expected,
                     _ => None,
                 };
                 let current = check(&expected)?;
