@@ -125,6 +125,7 @@ impl Shared {
                 jobset_status_json: report.jobset_status.to_string(),
                 pods_json: report.pods.iter().map(|p| p.to_string()).collect(),
                 finished: report.finished,
+                events_json: report.events.iter().map(|e| e.to_string()).collect(),
             })),
         }
     }
@@ -465,5 +466,6 @@ fn failed_report(key: RunKey, error: &BackendError) -> RunReport {
         }),
         pods: Vec::new(),
         finished: true,
+        events: Vec::new(),
     }
 }

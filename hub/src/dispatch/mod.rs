@@ -38,7 +38,7 @@ use trainhub_proto as pb;
 
 use self::core::{Action, Dispatcher, JobInfo, JobKey, Placement, PodSetDemand, Verdict, Want};
 use crate::admission::TrainerAdmission;
-use crate::api::{PODS, TRAINJOBS};
+use crate::api::{EVENTS, PODS, TRAINJOBS};
 use crate::controller::lifecycle::{format_time, is_true, set_condition};
 use crate::plugins::Pipeline;
 use crate::plugins::registry::Registry;
@@ -161,6 +161,8 @@ pub struct Dispatch {
     demand: moka::sync::Cache<(String, i64), Arc<Demand>>,
     /// Pods shown per TrainJob, and the hash of what each last was.
     pods: Mutex<HashMap<JobKey, HashMap<String, u64>>>,
+    /// Events written per TrainJob (its own and its pods'), removed with it.
+    events: Mutex<HashMap<JobKey, BTreeSet<String>>>,
     /// Hash of the last JobSet status mapped per run.
     statuses: Mutex<HashMap<String, u64>>,
     /// Typed TrainJobs by (uid, generation, hash of labels and annotations).
@@ -208,6 +210,7 @@ impl Dispatch {
             logs: Mutex::new(HashMap::new()),
             demand: moka::sync::Cache::new(65_536),
             pods: Mutex::new(HashMap::new()),
+            events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
             typed: moka::sync::Cache::new(4096),
             writer,
@@ -504,6 +507,9 @@ impl Dispatch {
     /// Marks a TrainJob Failed with `reason`.
     fn fail(&self, namespace: &str, name: &str, reason: &str, message: &str) {
         tracing::warn!(trainjob = %format!("{namespace}/{name}"), reason, message, "TrainJob failed");
+        let job = job_key(namespace, name);
+        let event = trainjob_event(&job, None, "Warning", reason, message);
+        self.record_events(&job, vec![event]);
         let key = Key::new(TRAINJOBS, Some(namespace), name);
         let store = self.store.clone();
         let (reason, message) = (reason.to_string(), message.to_string());
@@ -660,6 +666,10 @@ impl Dispatch {
                     ops.extend(pods.into_keys().map(|pod| Op::Remove {
                         key: Key::new(PODS, Some(&job.namespace), &pod),
                     }));
+                    let events = lock(&self.events).remove(&job).unwrap_or_default();
+                    ops.extend(events.into_iter().map(|event| Op::Remove {
+                        key: Key::new(EVENTS, Some(&job.namespace), &event),
+                    }));
                     self.write(ops);
                 }
                 Action::Start {
@@ -681,7 +691,7 @@ impl Dispatch {
             return;
         };
         let value = json!({
-            "uid": uid,
+            "uid": uid.clone(),
             "spoke": placement.spoke,
             "generation": placement.generation,
             "time": format_time(Timestamp::now()),
@@ -691,6 +701,19 @@ impl Dispatch {
             let this = self.self_arc();
             Some(Box::new(move |ok| {
                 if let Some(this) = this {
+                    if ok && let Some(spoke) = &placement.spoke {
+                        let event = trainjob_event(
+                            &job,
+                            Some(&uid),
+                            "Normal",
+                            "Placed",
+                            &format!(
+                                "Placed on spoke {spoke} (placement {})",
+                                placement.generation
+                            ),
+                        );
+                        this.record_events(&job, vec![event]);
+                    }
                     let actions = lock(&this.state).committed(&job, &placement, ok, this.now());
                     this.execute(actions);
                 }
@@ -927,11 +950,49 @@ impl Dispatch {
             }
         };
         self.show_pods(spoke, &key, &report);
+        let events: Vec<Value> = report
+            .events_json
+            .iter()
+            .filter_map(|raw| serde_json::from_str(raw).ok())
+            .collect();
+        if events.len() != report.events_json.len() {
+            tracing::warn!(spoke, "an event in a run report is not JSON");
+        }
+        self.record_events(&key, events);
         let status_hash = hash_of(&report.jobset_status_json);
         let changed =
             lock(&self.statuses).insert(report.run_id.clone(), status_hash) != Some(status_hash);
         if changed && let Err(message) = self.map_status(&key, &report.jobset_status_json) {
             tracing::warn!(trainjob = %key, message, "mapping the run's status");
+        }
+    }
+
+    /// Writes Events into the TrainJob's namespace (a spoke's events keep
+    /// their names, so a resent one is rewritten, not duplicated).
+    fn record_events(&self, job: &JobKey, events: Vec<Value>) {
+        let mut ops = Vec::new();
+        let mut written = lock(&self.events);
+        let names = written.entry(job.clone()).or_default();
+        for mut event in events {
+            let Some(name) = event["metadata"]["name"].as_str().map(String::from) else {
+                continue;
+            };
+            event["metadata"]["namespace"] = job.namespace.clone().into();
+            if event["involvedObject"].is_object() {
+                event["involvedObject"]["namespace"] = job.namespace.clone().into();
+            }
+            if let Some(m) = event["metadata"].as_object_mut() {
+                m.remove("resourceVersion");
+            }
+            names.insert(name.clone());
+            ops.push(Op::Put {
+                key: Key::new(EVENTS, Some(&job.namespace), &name),
+                value: event,
+            });
+        }
+        drop(written);
+        if !ops.is_empty() {
+            self.write(ops);
         }
     }
 
@@ -1141,6 +1202,43 @@ impl Dispatch {
     pub fn log_source(self: &Arc<Self>) -> Arc<dyn LogSource> {
         Arc::new(SpokeLogs(self.clone()))
     }
+}
+
+/// An Event the hub records on a TrainJob.
+fn trainjob_event(
+    job: &JobKey,
+    uid: Option<&str>,
+    kind: &str,
+    reason: &str,
+    message: &str,
+) -> Value {
+    let now = Timestamp::now();
+    let mut involved = json!({
+        "apiVersion": format!("{}/v1alpha1", trainhub_api::constants::TRAINER_GROUP),
+        "kind": "TrainJob",
+        "name": job.name,
+        "namespace": job.namespace,
+    });
+    if let Some(uid) = uid {
+        involved["uid"] = uid.into();
+    }
+    let time = format_time(now);
+    json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": format!("{}.{:016x}", job.name, hash_of(&(reason, message, now.as_nanosecond()))),
+        },
+        "involvedObject": involved,
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "source": {"component": "trainhub"},
+        "reportingComponent": "trainhub",
+        "firstTimestamp": time,
+        "lastTimestamp": time,
+        "count": 1,
+    })
 }
 
 fn capacity_of(capacity: &[pb::Capacity]) -> Vec<(String, i64, i64)> {

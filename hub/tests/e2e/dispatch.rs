@@ -285,6 +285,12 @@ async fn foreign_reports_and_certificates_from_another_ca_are_refused() {
         jobset_status_json: r#"{"conditions":[{"type":"Failed","status":"True","reason":"FailedJobs","message":"forged"}]}"#.into(),
         pods_json: vec![fake_pod.to_string()],
         finished: true,
+        events_json: vec![serde_json::json!({
+            "metadata": {"name": "intruder.forged"},
+            "involvedObject": {"kind": "Pod", "name": "intruder"},
+            "reason": "Forged", "message": "forged", "type": "Normal",
+        })
+        .to_string()],
     })))
     .unwrap();
     let mut inbound = client
@@ -322,6 +328,11 @@ async fn foreign_reports_and_certificates_from_another_ca_are_refused() {
     assert!(
         !status.contains("forged"),
         "a forged status was taken: {status}"
+    );
+    let events = hub.kubectl_ok(&["get", "events", "-o", "name"]);
+    assert!(
+        !events.contains("intruder.forged"),
+        "a forged event was written: {events}"
     );
     drop(tx);
     assert!(

@@ -51,6 +51,16 @@ def main(kubeconfig: str) -> None:
         followed = "\n".join(client.get_job_logs(name, step=f"node-{rank}", follow=True))
         assert f"hello from rank {rank} of 2" in followed, f"node-{rank} followed: {followed!r}"
 
+    # Events: the hub's placement of the TrainJob, and what the spoke
+    # recorded of each node's pod.
+    events = client.get_job_events(name)
+    seen = {(e.involved_object_kind, e.reason) for e in events}
+    assert ("TrainJob", "Placed") in seen, events
+    for rank in (0, 1):
+        pod = next(s.pod_name for s in job.steps if s.name == f"node-{rank}")
+        reasons = {e.reason for e in events if e.involved_object_name == pod}
+        assert {"Scheduled", "Started"} <= reasons, (pod, events)
+
     client.delete_job(name)
     jobs = [j.name for j in client.list_jobs()]
     assert name not in jobs, f"{name} still listed after delete_job(): {jobs}"

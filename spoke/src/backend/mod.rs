@@ -73,6 +73,19 @@ pub struct RunReport {
     pub pods: Vec<Value>,
     /// The run has ended (Completed or Failed) and will not change again.
     pub finished: bool,
+    /// Kubernetes Events recorded since the previous report (on the run's
+    /// pods); see [`events`].
+    pub events: Vec<Value>,
+}
+
+impl RunReport {
+    /// Whether two reports observe the same (their events aside).
+    pub fn same_state(&self, other: &RunReport) -> bool {
+        self.key == other.key
+            && self.finished == other.finished
+            && self.jobset_status == other.jobset_status
+            && self.pods == other.pods
+    }
 }
 
 /// A run a backend holds, as listed after a (re)connect.
@@ -141,5 +154,6 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<LogStream, BackendError>>;
 }
 
+pub mod events;
 pub mod process;
 pub mod sim;

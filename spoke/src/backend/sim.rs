@@ -224,6 +224,7 @@ impl Backend for SimBackend {
                     jobset_status: json!({"replicatedJobsStatus": jobs_status(&plan, false)}),
                     pods: pods_json(&spec, &plan, "Running"),
                     finished: false,
+                    events: Vec::new(),
                 };
                 state.runs.insert(
                     key.clone(),
@@ -244,6 +245,7 @@ impl Backend for SimBackend {
                 jobset_status: json!({"replicatedJobsStatus": jobs_status(&plan, false)}),
                 pods: pods_json(&spec, &plan, "Running"),
                 finished: false,
+                events: Vec::new(),
             };
             self.emit(&key, running);
             let Some(me) = self.me.upgrade() else {
@@ -267,6 +269,7 @@ impl Backend for SimBackend {
                     }),
                     pods: pods_json(&spec, &plan, "Succeeded"),
                     finished: true,
+                    events: Vec::new(),
                 };
                 lock(&me.state).reserved.remove(&key);
                 me.emit(&key, done);

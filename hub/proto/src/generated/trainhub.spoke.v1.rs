@@ -110,6 +110,11 @@ pub struct RunReport {
     /// The run ended and will not change again.
     #[prost(bool, tag = "6")]
     pub finished: bool,
+    /// Kubernetes Events (core/v1 Event objects, JSON) on the run's objects,
+    /// recorded since the previous report. Names are stable, so a resent
+    /// report's events are written once.
+    #[prost(string, repeated, tag = "7")]
+    pub events_json: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -92,7 +92,7 @@ pub use quantity::{format_milli, parse_quantity_milli};
 
 use super::{
     Backend, BackendError, BoxFuture, Capacity, HeldRun, LogStream, PodSetRequest, RunKey,
-    RunReport, RunSpec,
+    RunReport, RunSpec, events,
 };
 use run::Procs;
 use state::{ContainerRef, RunState};
@@ -200,6 +200,7 @@ impl Shared {
             jobset_status: state.status_json(),
             pods: state.pods_json(&self.node_name),
             finished: state.terminal_state().is_some(),
+            events: Vec::new(),
         };
         let mut inner = self.lock();
         if report.finished {
@@ -243,7 +244,15 @@ impl Shared {
             }
         }
         entry.finished = report.finished;
-        if entry.report.as_ref() != Some(&report) {
+        if !entry.report.as_ref().is_some_and(|r| r.same_state(&report)) {
+            let before = entry.report.as_ref().map(|r| r.pods.as_slice());
+            let mut report = report;
+            report.events = events::pod_events(
+                before.unwrap_or_default(),
+                &report.pods,
+                &self.node_name,
+                &state::time(jiff::Timestamp::now()),
+            );
             entry.report = Some(report.clone());
             drop(inner);
             let _ = self.reports.send(report);
