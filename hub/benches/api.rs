@@ -63,6 +63,7 @@ async fn run(jobs: usize, concurrency: usize) {
         grpc_listen: None,
         spoke_ca: None,
         dispatch: Default::default(),
+        event_ttl: trainhub::controller::events::DEFAULT_TTL,
     })
     .expect("hub");
     hub.install(trainhub::hub::default_objects().expect("runtimes"))

@@ -98,6 +98,7 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, rate: usize, increm
             },
             ..DispatchConfig::default()
         },
+        event_ttl: trainhub::controller::events::DEFAULT_TTL,
     })
     .expect("hub");
     let dispatch = hub.dispatch.clone();

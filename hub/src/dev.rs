@@ -42,6 +42,10 @@ pub struct DevArgs {
     pub apply: Vec<PathBuf>,
     #[command(flatten)]
     pub dispatch: crate::dispatch::DispatchArgs,
+    /// Events are removed this long after their last write (kube-apiserver's
+    /// `--event-ttl`; Go duration syntax; 0 keeps them).
+    #[arg(long, default_value = "1h0m0s", value_parser = crate::controller::events::parse_go_duration)]
+    pub event_ttl: std::time::Duration,
     /// Custom plugins directory, hot-reloaded.
     #[arg(long)]
     pub plugins_dir: Option<PathBuf>,
@@ -107,6 +111,7 @@ pub async fn run(
         )),
         spoke_ca: Some(pki.cert_path("ca")),
         dispatch: args.dispatch.config(),
+        event_ttl: args.event_ttl,
     };
     let hub = Hub::open(config)?;
     hub.install(hub::default_objects()?).await?;

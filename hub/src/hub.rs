@@ -48,6 +48,9 @@ pub struct Config {
     /// CA whose certificates identify spokes (`trainctl certs spoke`).
     pub spoke_ca: Option<PathBuf>,
     pub dispatch: DispatchConfig,
+    /// Events are removed this long after their last write; zero keeps
+    /// them (until their TrainJob goes).
+    pub event_ttl: std::time::Duration,
 }
 
 /// Where a serving hub listens.
@@ -170,6 +173,13 @@ impl Hub {
             self.store.clone(),
             wait(stop_rx.clone()),
         ));
+        let event_expiry = (!self.config.event_ttl.is_zero()).then(|| {
+            tokio::spawn(controller::events::run(
+                self.store.clone(),
+                self.config.event_ttl,
+                wait(stop_rx.clone()),
+            ))
+        });
         let dispatch = tokio::spawn(self.dispatch.clone().run(wait(stop_rx.clone())));
         let mut grpc_addr = None;
         let grpc = match self.config.grpc_listen {
@@ -210,6 +220,9 @@ impl Hub {
         };
         trainhub_apiserver::tls::serve(listener, tls, router, stop).await;
         let _ = lifecycle.await;
+        if let Some(expiry) = event_expiry {
+            let _ = expiry.await;
+        }
         let _ = dispatch.await;
         if let Some(grpc) = grpc {
             let _ = grpc.await;

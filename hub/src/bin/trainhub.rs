@@ -64,6 +64,10 @@ struct ServeArgs {
     /// CA that signs spoke certificates (`trainctl certs spoke`).
     #[arg(long)]
     spoke_ca_file: Option<PathBuf>,
+    /// Events are removed this long after their last write (kube-apiserver's
+    /// `--event-ttl`; Go duration syntax; 0 keeps them).
+    #[arg(long, default_value = "1h0m0s", value_parser = trainhub::controller::events::parse_go_duration)]
+    event_ttl: std::time::Duration,
     #[command(flatten)]
     dispatch: trainhub::dispatch::DispatchArgs,
 }
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
                     grpc_listen: args.grpc_listen,
                     spoke_ca: args.spoke_ca_file,
                     dispatch: args.dispatch.config(),
+                    event_ttl: args.event_ttl,
                 })?;
                 hub.serve(|_| {}, shutdown_signal()).await
             }

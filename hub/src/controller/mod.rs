@@ -1,8 +1,10 @@
 //! Controllers: loops that act on what the store holds, each a pure
 //! decision function plus a runner that watches the store and writes back.
 //!
-//! - [`lifecycle`]: suspension and the active deadline of TrainJobs.
+//! - [`lifecycle`]: suspension and the active deadline of TrainJobs;
+//! - [`events`]: Events expire a set time after their last write.
 
+pub mod events;
 pub mod lifecycle;
 
 use std::collections::{BTreeMap, HashSet};
