@@ -198,10 +198,11 @@ pub fn first_fit(
     let mut order: Vec<&PodToPlace> = pods.iter().collect();
     order.sort_by_key(|p| std::cmp::Reverse(size_key(p)));
     for pod in order {
+        // A node that does not say how many pods it takes is not limited.
         let fits = |left: &Resources| {
             pod.requests
                 .iter()
-                .all(|(r, m)| *m <= 0 || left.get(r).is_some_and(|f| f >= m))
+                .all(|(r, m)| *m <= 0 || left.get(r).map_or(r == PODS, |f| f >= m))
         };
         let Some(left) = free.values_mut().find(|left| fits(left)) else {
             return Err(no_room(free, pod));
@@ -236,6 +237,9 @@ fn no_room(free: &BTreeMap<String, Resources>, pod: &PodToPlace) -> String {
         );
     }
     for (r, want) in pod.requests.iter().filter(|(_, m)| **m > 0) {
+        if r == PODS && free.values().all(|left| !left.contains_key(PODS)) {
+            continue;
+        }
         let best = free
             .iter()
             .map(|(node, left)| (left.get(r).copied().unwrap_or(0), node))
@@ -506,6 +510,26 @@ mod tests {
             &pods_of(&[set("x", 1, &[("example.com/fpga", 0)])], &none),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn pods_per_node_count_where_nodes_declare_them() {
+        let mut small = node("a", "8", "0", json!({}));
+        small["status"]["allocatable"]["pods"] = "1".into();
+        let free = free_by_node(&nodes(&[small]), []);
+        let gang = [set("w", 2, &[("cpu", 1000)])];
+        let err = first_fit(&mut free.clone(), &pods_of(&gang, &BTreeMap::new())).unwrap_err();
+        assert!(
+            err.contains("requests pods 1; the most free on one node is 0"),
+            "{err}"
+        );
+        let mut unlimited = node("a", "8", "0", json!({}));
+        unlimited["status"]["allocatable"]
+            .as_object_mut()
+            .unwrap()
+            .remove("pods");
+        let free = free_by_node(&nodes(&[unlimited]), []);
+        first_fit(&mut free.clone(), &pods_of(&gang, &BTreeMap::new())).unwrap();
     }
 
     #[test]
