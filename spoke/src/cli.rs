@@ -226,3 +226,54 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
     };
     kube::Client::try_from(config).context("making the Kubernetes client")
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    const BASE: [&str; 9] = [
+        "trainspoke",
+        "--hub",
+        "https://hub:6444",
+        "--ca",
+        "ca.crt",
+        "--cert",
+        "s.crt",
+        "--key",
+        "s.key",
+    ];
+
+    #[test]
+    fn kube_backend_flags_parse_under_their_documented_names() {
+        let args = Args::try_parse_from(BASE.iter().copied().chain([
+            "--backend",
+            "kube",
+            "--kubeconfig",
+            "/etc/kube/config",
+            "--create-namespaces",
+            "--kueue-queue",
+            "team-a",
+            "--field-manager",
+            "spoke-eu",
+        ]))
+        .unwrap();
+        assert_eq!(args.backend, BackendKind::Kube);
+        assert_eq!(args.kubeconfig, Some(PathBuf::from("/etc/kube/config")));
+        assert!(args.create_namespaces);
+        assert_eq!(args.kueue_queue.as_deref(), Some("team-a"));
+        assert_eq!(args.field_manager, "spoke-eu");
+    }
+
+    #[test]
+    fn kube_backend_flags_default_to_no_namespaces_no_kueue_and_trainspoke() {
+        let args = Args::try_parse_from(BASE.iter().copied().chain(["--backend", "kube"])).unwrap();
+        assert_eq!(args.kubeconfig, None);
+        assert!(!args.create_namespaces);
+        assert_eq!(args.kueue_queue, None);
+        assert_eq!(args.field_manager, "trainspoke");
+        let default = Args::try_parse_from(BASE).unwrap();
+        assert_eq!(default.backend, BackendKind::Process);
+    }
+}
