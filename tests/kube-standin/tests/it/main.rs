@@ -1,0 +1,1 @@
+//! Integration tests of the stand-in, the simulator and the kmock wrapper.
