@@ -1,0 +1,223 @@
+//! The kube backend against an API server: the stand-in and kmock, each
+//! with the simulator playing the JobSet controller, scheduler and kubelet.
+//! Every scenario runs against both servers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use kube::api::{Api, DynamicObject};
+use serde_json::{Value, json};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use trainhub_kube_standin::{
+    ApiServer, Kmock, NodeSpec, SimConfig, Simulator, Standin, StandinConfig,
+};
+use trainhub_spoke::backend::kube::objects::{self, Kind};
+use trainhub_spoke::backend::kube::{KubeBackend, KubeConfig};
+use trainhub_spoke::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const NS: &str = "ml";
+
+/// The servers to run a scenario against, each with `config`.
+async fn servers(config: &StandinConfig) -> Vec<ApiServer> {
+    let standin = Standin::start(config.clone()).await.unwrap();
+    let kmock = Kmock::start(config.clone()).await.unwrap();
+    vec![ApiServer::Standin(standin), ApiServer::Kmock(kmock)]
+}
+
+fn config() -> StandinConfig {
+    let mut c = StandinConfig::default();
+    c.namespaces.push(NS.into());
+    c
+}
+
+struct Spoke {
+    backend: Arc<KubeBackend>,
+    reports: UnboundedReceiver<RunReport>,
+}
+
+async fn spoke(server: &ApiServer, config: KubeConfig) -> Spoke {
+    let (tx, reports) = unbounded_channel();
+    let client = server.client().await.unwrap();
+    let backend = KubeBackend::connect(
+        client,
+        KubeConfig {
+            delete_wait: Duration::from_secs(20),
+            sync_timeout: Duration::from_secs(20),
+            ..config
+        },
+        tx,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{}: connecting: {e}", server.name()));
+    Spoke { backend, reports }
+}
+
+impl Spoke {
+    /// The first report of `key` that satisfies `done`.
+    async fn wait_for(
+        &mut self,
+        server: &str,
+        key: &RunKey,
+        what: &str,
+        done: impl Fn(&RunReport) -> bool,
+    ) -> RunReport {
+        if let Some(r) = self.backend.report(key).filter(|r| done(r)) {
+            return r;
+        }
+        let mut last = None;
+        let found = tokio::time::timeout(DEADLINE, async {
+            while let Some(report) = self.reports.recv().await {
+                if &report.key != key {
+                    continue;
+                }
+                if done(&report) {
+                    return report;
+                }
+                last = Some(report);
+            }
+            panic!("report channel closed");
+        })
+        .await;
+        match found {
+            Ok(r) => r,
+            Err(_) => panic!("{server}: no report with {what} within {DEADLINE:?}; last: {last:#?}"),
+        }
+    }
+}
+
+fn key(run: &str, generation: i64) -> RunKey {
+    RunKey {
+        run_id: run.into(),
+        generation,
+    }
+}
+
+/// A JobSet of one replicated job `node` of `pods` pods, each asking for
+/// `gpus` GPUs, with `env` in its container and `maxRestarts`.
+fn jobset(name: &str, pods: u32, gpus: u32, env: Value, max_restarts: u32) -> Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"},
+            "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "name": name, "uid": "tj-uid", "controller": true, "blockOwnerDeletion": true}],
+        },
+        "spec": {
+            "failurePolicy": {"maxRestarts": max_restarts},
+            "replicatedJobs": [{
+                "name": "node",
+                "replicas": 1,
+                "template": {"spec": {
+                    "parallelism": pods, "completions": pods, "backoffLimit": 0,
+                    "completionMode": "Indexed",
+                    "template": {"spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "node", "image": "pytorch/pytorch:2.7.1",
+                            "command": ["torchrun", "train.py"],
+                            "env": env,
+                            "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": gpus.to_string()}},
+                        }],
+                    }},
+                }},
+            }],
+        },
+    })
+}
+
+fn hostfile(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("{name}-mpi-hostfile"), "namespace": NS,
+            "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "name": name, "uid": "tj-uid", "controller": true, "blockOwnerDeletion": true}]},
+        "data": {"hostfile": format!("{name}-node-0-0.{name} slots=1\n")},
+    })
+}
+
+fn spec(key: &RunKey, namespace: &str, objects: Vec<Value>) -> RunSpec {
+    RunSpec {
+        key: key.clone(),
+        namespace: namespace.into(),
+        name: objects[0]["metadata"]["name"].as_str().unwrap().into(),
+        trainjob_uid: key.run_id.clone(),
+        objects,
+        extra_env: Vec::new(),
+    }
+}
+
+async fn get(server: &ApiServer, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+    let client = server.client().await.unwrap();
+    let api: Api<DynamicObject> = Api::namespaced_with(client, namespace, &kind.api_resource());
+    api.get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("{}: reading {name}: {e}", server.name()))
+        .map(|o| serde_json::to_value(o).unwrap())
+}
+
+fn condition<'a>(report: &'a RunReport, kind: &str) -> Option<&'a Value> {
+    report.jobset_status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind && c["status"] == "True")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_applied_as_built_and_completes() {
+    for server in servers(&config()).await {
+        let name = server.name();
+        let sim = Simulator::start(server.client().await.unwrap(), SimConfig::default());
+        let mut spoke = spoke(&server, KubeConfig::default()).await;
+        let k = key("run-a", 1);
+        let built = vec![jobset("train", 2, 1, json!([]), 0), hostfile("train")];
+        spoke
+            .backend
+            .start(spec(&k, NS, built.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: start: {e}"));
+
+        let applied = get(&server, Kind::JobSet, NS, "train").await.unwrap();
+        assert_eq!(applied["spec"]["replicatedJobs"], built[0]["spec"]["replicatedJobs"], "{name}");
+        assert_eq!(applied["spec"]["failurePolicy"], built[0]["spec"]["failurePolicy"], "{name}");
+        let labels = &applied["metadata"]["labels"];
+        assert_eq!(labels[objects::LABEL_RUN_ID], "run-a", "{name}");
+        assert_eq!(labels[objects::LABEL_GENERATION], "1", "{name}");
+        assert_eq!(labels[objects::LABEL_TRAINJOB_UID], "run-a", "{name}");
+        assert_eq!(labels["trainer.kubeflow.org/trainjob-ancestor-step"], "trainer", "{name}");
+        assert_eq!(
+            applied["metadata"]["annotations"][objects::ANNOTATION_SPEC_HASH]
+                .as_str()
+                .map(str::len),
+            Some(64),
+            "{name}"
+        );
+        let uid = applied["metadata"]["uid"].as_str().unwrap();
+        let cm = get(&server, Kind::ConfigMap, NS, "train-mpi-hostfile").await.unwrap();
+        assert_eq!(cm["data"], built[1]["data"], "{name}");
+        assert_eq!(
+            cm["metadata"]["ownerReferences"],
+            json!([{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "train",
+                    "uid": uid, "controller": true, "blockOwnerDeletion": true}]),
+            "{name}"
+        );
+
+        let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
+        assert!(condition(&done, "Completed").is_some(), "{name}: {:#?}", done.jobset_status);
+        let rjobs = &done.jobset_status["replicatedJobsStatus"];
+        assert_eq!(rjobs[0]["name"], "node", "{name}");
+        assert_eq!(rjobs[0]["succeeded"], 1, "{name}: {rjobs}");
+        assert_eq!(done.pods.len(), 2, "{name}");
+        assert!(
+            done.pods.iter().all(|p| p["status"]["phase"] == "Succeeded"),
+            "{name}"
+        );
+        assert!(spoke.backend.runs().iter().any(|r| r.key == k && r.finished), "{name}");
+        sim.stop().await;
+        server.shutdown().await;
+    }
+}
