@@ -5,13 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
-use trainhub_kube_standin::{
-    ApiServer, Kmock, NodeSpec, SimConfig, Simulator, Standin, StandinConfig,
-};
+use trainhub_kube_standin::{ApiServer, Kmock, SimConfig, Simulator, Standin, StandinConfig};
 use trainhub_spoke::backend::kube::objects::{self, Kind};
 use trainhub_spoke::backend::kube::{KubeBackend, KubeConfig};
 use trainhub_spoke::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
@@ -44,6 +41,11 @@ struct Spoke {
 }
 
 async fn spoke(server: &ApiServer, config: KubeConfig) -> Spoke {
+    // RUST_LOG=trainhub_kube_standin=debug shows the simulator's failures.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let (tx, reports) = unbounded_channel();
     let client = server.client().await.unwrap();
     let backend = KubeBackend::connect(
@@ -88,7 +90,9 @@ impl Spoke {
         .await;
         match found {
             Ok(r) => r,
-            Err(_) => panic!("{server}: no report with {what} within {DEADLINE:?}; last: {last:#?}"),
+            Err(_) => {
+                panic!("{server}: no report with {what} within {DEADLINE:?}; last: {last:#?}")
+            }
         }
     }
 }
@@ -188,13 +192,22 @@ async fn a_run_is_applied_as_built_and_completes() {
             .unwrap_or_else(|e| panic!("{name}: start: {e}"));
 
         let applied = get(&server, Kind::JobSet, NS, "train").await.unwrap();
-        assert_eq!(applied["spec"]["replicatedJobs"], built[0]["spec"]["replicatedJobs"], "{name}");
-        assert_eq!(applied["spec"]["failurePolicy"], built[0]["spec"]["failurePolicy"], "{name}");
+        assert_eq!(
+            applied["spec"]["replicatedJobs"], built[0]["spec"]["replicatedJobs"],
+            "{name}"
+        );
+        assert_eq!(
+            applied["spec"]["failurePolicy"], built[0]["spec"]["failurePolicy"],
+            "{name}"
+        );
         let labels = &applied["metadata"]["labels"];
         assert_eq!(labels[objects::LABEL_RUN_ID], "run-a", "{name}");
         assert_eq!(labels[objects::LABEL_GENERATION], "1", "{name}");
         assert_eq!(labels[objects::LABEL_TRAINJOB_UID], "run-a", "{name}");
-        assert_eq!(labels["trainer.kubeflow.org/trainjob-ancestor-step"], "trainer", "{name}");
+        assert_eq!(
+            labels["trainer.kubeflow.org/trainjob-ancestor-step"], "trainer",
+            "{name}"
+        );
         assert_eq!(
             applied["metadata"]["annotations"][objects::ANNOTATION_SPEC_HASH]
                 .as_str()
@@ -203,7 +216,9 @@ async fn a_run_is_applied_as_built_and_completes() {
             "{name}"
         );
         let uid = applied["metadata"]["uid"].as_str().unwrap();
-        let cm = get(&server, Kind::ConfigMap, NS, "train-mpi-hostfile").await.unwrap();
+        let cm = get(&server, Kind::ConfigMap, NS, "train-mpi-hostfile")
+            .await
+            .unwrap();
         assert_eq!(cm["data"], built[1]["data"], "{name}");
         assert_eq!(
             cm["metadata"]["ownerReferences"],
@@ -213,16 +228,29 @@ async fn a_run_is_applied_as_built_and_completes() {
         );
 
         let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
-        assert!(condition(&done, "Completed").is_some(), "{name}: {:#?}", done.jobset_status);
+        assert!(
+            condition(&done, "Completed").is_some(),
+            "{name}: {:#?}",
+            done.jobset_status
+        );
         let rjobs = &done.jobset_status["replicatedJobsStatus"];
         assert_eq!(rjobs[0]["name"], "node", "{name}");
         assert_eq!(rjobs[0]["succeeded"], 1, "{name}: {rjobs}");
         assert_eq!(done.pods.len(), 2, "{name}");
         assert!(
-            done.pods.iter().all(|p| p["status"]["phase"] == "Succeeded"),
+            done.pods
+                .iter()
+                .all(|p| p["status"]["phase"] == "Succeeded"),
             "{name}"
         );
-        assert!(spoke.backend.runs().iter().any(|r| r.key == k && r.finished), "{name}");
+        assert!(
+            spoke
+                .backend
+                .runs()
+                .iter()
+                .any(|r| r.key == k && r.finished),
+            "{name}"
+        );
         sim.stop().await;
         server.shutdown().await;
     }
@@ -248,7 +276,11 @@ async fn a_pod_failing_past_max_restarts_fails_the_run() {
         let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
         let failed = condition(&done, "Failed");
         assert!(failed.is_some(), "{name}: {:#?}", done.jobset_status);
-        assert_eq!(done.jobset_status["restarts"], 1, "{name}: {:#?}", done.jobset_status);
+        assert_eq!(
+            done.jobset_status["restarts"], 1,
+            "{name}: {:#?}",
+            done.jobset_status
+        );
         sim.stop().await;
         server.shutdown().await;
     }
@@ -261,7 +293,10 @@ async fn stop_deletes_the_jobset_and_its_pods() {
         let sim = Simulator::start(server.client().await.unwrap(), SimConfig::default());
         let mut spoke = spoke(&server, KubeConfig::default()).await;
         let k = key("run-s", 1);
-        let built = vec![jobset("stopped", 2, 0, long_env(60_000), 0), hostfile("stopped")];
+        let built = vec![
+            jobset("stopped", 2, 0, long_env(60_000), 0),
+            hostfile("stopped"),
+        ];
         spoke.backend.start(spec(&k, NS, built)).await.unwrap();
         spoke
             .wait_for(name, &k, "two running pods", |r| {
@@ -269,15 +304,26 @@ async fn stop_deletes_the_jobset_and_its_pods() {
             })
             .await;
         spoke.backend.stop("run-s", 1).await;
-        assert!(get(&server, Kind::JobSet, NS, "stopped").await.is_none(), "{name}");
-        assert!(get(&server, Kind::ConfigMap, NS, "stopped-mpi-hostfile").await.is_none(), "{name}");
+        assert!(
+            get(&server, Kind::JobSet, NS, "stopped").await.is_none(),
+            "{name}"
+        );
+        assert!(
+            get(&server, Kind::ConfigMap, NS, "stopped-mpi-hostfile")
+                .await
+                .is_none(),
+            "{name}"
+        );
         assert!(spoke.backend.runs().iter().all(|r| r.key != k), "{name}");
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
             Api::namespaced(server.client().await.unwrap(), NS);
         let gone = tokio::time::timeout(DEADLINE, async {
             loop {
                 let left = pods
-                    .list(&kube::api::ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=stopped"))
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels("jobset.sigs.k8s.io/jobset-name=stopped"),
+                    )
                     .await
                     .unwrap();
                 if left.items.is_empty() {
@@ -287,7 +333,10 @@ async fn stop_deletes_the_jobset_and_its_pods() {
             }
         })
         .await;
-        assert!(gone.is_ok(), "{name}: the pods of a deleted JobSet were not collected");
+        assert!(
+            gone.is_ok(),
+            "{name}: the pods of a deleted JobSet were not collected"
+        );
         sim.stop().await;
         server.shutdown().await;
     }
@@ -301,13 +350,21 @@ async fn a_restarted_backend_holds_its_runs_without_applying_again() {
         let k = key("run-r", 2);
         let built = vec![jobset("restarted", 1, 1, long_env(1_500), 0)];
         let first = spoke(&server, KubeConfig::default()).await;
-        first.backend.start(spec(&k, NS, built.clone())).await.unwrap();
+        first
+            .backend
+            .start(spec(&k, NS, built.clone()))
+            .await
+            .unwrap();
         let before = get(&server, Kind::JobSet, NS, "restarted").await.unwrap();
         drop(first);
 
         let mut second = spoke(&server, KubeConfig::default()).await;
         assert!(
-            second.backend.runs().iter().any(|r| r.key == k && !r.finished),
+            second
+                .backend
+                .runs()
+                .iter()
+                .any(|r| r.key == k && !r.finished),
             "{name}: {:?}",
             second.backend.runs()
         );
@@ -317,9 +374,16 @@ async fn a_restarted_backend_holds_its_runs_without_applying_again() {
             before["metadata"]["resourceVersion"], after["metadata"]["resourceVersion"],
             "{name}: the JobSet was applied again"
         );
-        assert_eq!(before["metadata"]["managedFields"], after["metadata"]["managedFields"], "{name}");
+        assert_eq!(
+            before["metadata"]["managedFields"], after["metadata"]["managedFields"],
+            "{name}"
+        );
         let done = second.wait_for(name, &k, "finished", |r| r.finished).await;
-        assert!(condition(&done, "Completed").is_some(), "{name}: {:#?}", done.jobset_status);
+        assert!(
+            condition(&done, "Completed").is_some(),
+            "{name}: {:#?}",
+            done.jobset_status
+        );
         sim.stop().await;
         server.shutdown().await;
     }
@@ -343,8 +407,14 @@ async fn reports_continue_after_watches_break_and_history_is_compacted() {
         s.compact();
         s.close_watches();
     }
-    let done = spoke.wait_for("standin", &k, "finished", |r| r.finished).await;
-    assert!(condition(&done, "Completed").is_some(), "{:#?}", done.jobset_status);
+    let done = spoke
+        .wait_for("standin", &k, "finished", |r| r.finished)
+        .await;
+    assert!(
+        condition(&done, "Completed").is_some(),
+        "{:#?}",
+        done.jobset_status
+    );
     sim.stop().await;
     server.shutdown().await;
 }
@@ -353,7 +423,11 @@ fn request(name: &str, count: u32, cpu: i64, gpus: i64) -> PodSetRequest {
     PodSetRequest {
         name: name.into(),
         count,
-        requests_milli: [("cpu".to_string(), cpu * 1000), ("nvidia.com/gpu".to_string(), gpus * 1000)].into(),
+        requests_milli: [
+            ("cpu".to_string(), cpu * 1000),
+            ("nvidia.com/gpu".to_string(), gpus * 1000),
+        ]
+        .into(),
     }
 }
 
@@ -370,15 +444,25 @@ async fn a_gang_is_admitted_only_if_every_pod_fits_on_a_node() {
             .unwrap_or_else(|| panic!("{name}: no GPU capacity"));
         assert_eq!(gpus.allocatable_milli, 16_000, "{name}");
         // 16 GPUs in total, 8 per node: two pods of 6 fit, three do not.
-        let too_big = spoke.backend.admit(&key("big", 1), &[request("node", 3, 1, 6)]);
-        assert!(matches!(too_big, Err(BackendError::DoesNotFit(_))), "{name}: {too_big:?}");
+        let too_big = spoke
+            .backend
+            .admit(&key("big", 1), &[request("node", 3, 1, 6)]);
+        assert!(
+            matches!(too_big, Err(BackendError::DoesNotFit(_))),
+            "{name}: {too_big:?}"
+        );
         spoke
             .backend
             .admit(&key("fits", 1), &[request("node", 2, 1, 6)])
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         // The reservation holds: a second such gang no longer fits.
-        let second = spoke.backend.admit(&key("second", 1), &[request("node", 1, 1, 6)]);
-        assert!(matches!(second, Err(BackendError::DoesNotFit(_))), "{name}: {second:?}");
+        let second = spoke
+            .backend
+            .admit(&key("second", 1), &[request("node", 1, 1, 6)]);
+        assert!(
+            matches!(second, Err(BackendError::DoesNotFit(_))),
+            "{name}: {second:?}"
+        );
         spoke.backend.withdraw(&key("fits", 1));
         spoke
             .backend
