@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use trainhub_kube_standin::{ApiServer, Kmock, SimConfig, Simulator, Standin, StandinConfig};
@@ -304,29 +304,18 @@ async fn stop_deletes_the_jobset_and_its_pods() {
             })
             .await;
         spoke.backend.stop("run-s", 1).await;
-        assert!(
-            get(&server, Kind::JobSet, NS, "stopped").await.is_none(),
-            "{name}"
-        );
-        assert!(
-            get(&server, Kind::ConfigMap, NS, "stopped-mpi-hostfile")
-                .await
-                .is_none(),
-            "{name}"
-        );
         assert!(spoke.backend.runs().iter().all(|r| r.key != k), "{name}");
+        // Foreground deletion: the JobSet goes once the garbage collector
+        // has removed its Jobs and pods.
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
             Api::namespaced(server.client().await.unwrap(), NS);
+        let selector = ListParams::default().labels("jobset.sigs.k8s.io/jobset-name=stopped");
         let gone = tokio::time::timeout(DEADLINE, async {
             loop {
-                let left = pods
-                    .list(
-                        &kube::api::ListParams::default()
-                            .labels("jobset.sigs.k8s.io/jobset-name=stopped"),
-                    )
-                    .await
-                    .unwrap();
-                if left.items.is_empty() {
+                let left = pods.list(&selector).await.unwrap().items.len();
+                let jobset = get(&server, Kind::JobSet, NS, "stopped").await;
+                let cm = get(&server, Kind::ConfigMap, NS, "stopped-mpi-hostfile").await;
+                if left == 0 && jobset.is_none() && cm.is_none() {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -335,7 +324,7 @@ async fn stop_deletes_the_jobset_and_its_pods() {
         .await;
         assert!(
             gone.is_ok(),
-            "{name}: the pods of a deleted JobSet were not collected"
+            "{name}: the JobSet, its pods or its ConfigMap are still there"
         );
         sim.stop().await;
         server.shutdown().await;
