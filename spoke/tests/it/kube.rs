@@ -465,3 +465,86 @@ async fn a_gang_is_admitted_only_if_every_pod_fits_on_a_node() {
         server.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_kueue_the_jobset_waits_suspended_until_kueue_admits_it() {
+    for server in servers(&config()).await {
+        let name = server.name();
+        let sim = Simulator::start(server.client().await.unwrap(), SimConfig::default());
+        let kueue = KubeConfig {
+            kueue_queue: Some("team-a".into()),
+            ..KubeConfig::default()
+        };
+        let mut spoke = spoke(&server, kueue).await;
+        let k = key("run-q", 1);
+        spoke
+            .backend
+            .admit(&k, &[request("node", 64, 64, 64)])
+            .unwrap_or_else(|e| panic!("{name}: Kueue decides, not the spoke: {e}"));
+        let built = vec![jobset("queued", 1, 0, json!([]), 0)];
+        spoke.backend.start(spec(&k, NS, built)).await.unwrap();
+        let applied = get(&server, Kind::JobSet, NS, "queued").await.unwrap();
+        assert_eq!(applied["spec"]["suspend"], true, "{name}");
+        assert_eq!(
+            applied["metadata"]["labels"][objects::LABEL_KUEUE_QUEUE],
+            "team-a",
+            "{name}"
+        );
+        // Kueue admits the workload: it unsuspends the JobSet.
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            server.client().await.unwrap(),
+            NS,
+            &Kind::JobSet.api_resource(),
+        );
+        api.patch(
+            "queued",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"suspend": false}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name}: unsuspending: {e}"));
+        let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
+        assert!(condition(&done, "Completed").is_some(), "{name}: {:#?}", done.jobset_status);
+        sim.stop().await;
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_read_from_the_pods_with_tail() {
+    for server in servers(&config()).await {
+        let name = server.name();
+        let sim = Simulator::start(server.client().await.unwrap(), SimConfig::default());
+        let mut spoke = spoke(&server, KubeConfig::default()).await;
+        let k = key("run-l", 1);
+        let env = json!([{"name": "STANDIN_LOG", "value": "epoch 1 loss 0.9\nepoch 2 loss 0.5\n"}]);
+        spoke
+            .backend
+            .start(spec(&k, NS, vec![jobset("logged", 1, 0, env, 0)]))
+            .await
+            .unwrap();
+        let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
+        let pod = done.pods[0]["metadata"]["name"].as_str().unwrap().to_string();
+        let read = |tail: Option<i64>| {
+            let backend = spoke.backend.clone();
+            let pod = pod.clone();
+            async move {
+                let mut stream = backend
+                    .logs("run-l", &pod, None, false, tail)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: logs of {pod}: {e}"));
+                let mut text = Vec::new();
+                while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+                    text.extend_from_slice(&chunk.unwrap());
+                }
+                String::from_utf8(text).unwrap()
+            }
+        };
+        assert_eq!(read(None).await, "epoch 1 loss 0.9\nepoch 2 loss 0.5\n", "{name}");
+        assert_eq!(read(Some(1)).await, "epoch 2 loss 0.5\n", "{name}");
+        let missing = spoke.backend.logs("run-l", "no-such-pod", None, false, None).await;
+        assert!(matches!(missing, Err(BackendError::NotFound(_))), "{name}");
+        sim.stop().await;
+        server.shutdown().await;
+    }
+}
