@@ -71,8 +71,7 @@ impl Backend for Recorded {
         follow: bool,
         tail_lines: Option<i64>,
     ) -> BoxFuture<'_, Result<LogStream, BackendError>> {
-        self.inner
-            .logs(run_id, pod, container, follow, tail_lines)
+        self.inner.logs(run_id, pod, container, follow, tail_lines)
     }
 }
 
@@ -94,9 +93,10 @@ impl KubeSpoke {
         let standin = Standin::start(config).await.unwrap();
         let sim = Simulator::start(standin.client().await.unwrap(), SimConfig::default());
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let inner = KubeBackend::connect(standin.client().await.unwrap(), KubeConfig::default(), tx)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inner =
+            KubeBackend::connect(standin.client().await.unwrap(), KubeConfig::default(), tx)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
         let backend = Arc::new(Recorded {
             inner,
             admissions: Mutex::new(Vec::new()),
@@ -179,7 +179,10 @@ fn trainjob(hub: &DevHub, name: &str) -> Option<Value> {
 fn condition_true(trainjob: &Value, kind: &str) -> bool {
     trainjob["status"]["conditions"]
         .as_array()
-        .is_some_and(|cs| cs.iter().any(|c| c["type"] == kind && c["status"] == "True"))
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == kind && c["status"] == "True")
+        })
 }
 
 /// The JobSet `trainctl render` prints for `file` with the built-in runtimes.
@@ -190,7 +193,11 @@ fn rendered_jobset(file: &str) -> Value {
         .env("TRAINHUB_CACHE_DIR", cache)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
     list["items"]
         .as_array()
@@ -243,7 +250,11 @@ async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
         "the applied JobSet differs from the rendered one"
     );
     let labels = applied["metadata"]["labels"].as_object().unwrap();
-    for (k, v) in rendered["metadata"]["labels"].as_object().into_iter().flatten() {
+    for (k, v) in rendered["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
         assert_eq!(labels.get(k), Some(v), "label {k}");
     }
 
@@ -309,10 +320,19 @@ async fn a_gang_that_fits_no_node_of_a_spoke_lands_on_one_that_can_hold_it() {
     .await;
 
     let wide = KubeSpoke::start(&ca, "wide", grpc, Vec::new()).await;
-    eventually("the JobSet on the wide spoke", &hub, || wide.jobset("default", "gang")).await;
+    eventually("the JobSet on the wide spoke", &hub, || {
+        wide.jobset("default", "gang")
+    })
+    .await;
     assert!(narrow.jobset("default", "gang").await.is_none());
     assert!(
-        narrow.backend.admissions.lock().unwrap().iter().all(Result::is_err),
+        narrow
+            .backend
+            .admissions
+            .lock()
+            .unwrap()
+            .iter()
+            .all(Result::is_err),
         "the narrow spoke admitted the gang"
     );
     narrow.shutdown().await;

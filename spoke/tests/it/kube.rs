@@ -504,7 +504,11 @@ async fn with_kueue_the_jobset_waits_suspended_until_kueue_admits_it() {
         .await
         .unwrap_or_else(|e| panic!("{name}: unsuspending: {e}"));
         let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
-        assert!(condition(&done, "Completed").is_some(), "{name}: {:#?}", done.jobset_status);
+        assert!(
+            condition(&done, "Completed").is_some(),
+            "{name}: {:#?}",
+            done.jobset_status
+        );
         sim.stop().await;
         server.shutdown().await;
     }
@@ -524,7 +528,10 @@ async fn logs_are_read_from_the_pods_with_tail() {
             .await
             .unwrap();
         let done = spoke.wait_for(name, &k, "finished", |r| r.finished).await;
-        let pod = done.pods[0]["metadata"]["name"].as_str().unwrap().to_string();
+        let pod = done.pods[0]["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
         let read = |tail: Option<i64>| {
             let backend = spoke.backend.clone();
             let pod = pod.clone();
@@ -540,9 +547,16 @@ async fn logs_are_read_from_the_pods_with_tail() {
                 String::from_utf8(text).unwrap()
             }
         };
-        assert_eq!(read(None).await, "epoch 1 loss 0.9\nepoch 2 loss 0.5\n", "{name}");
+        assert_eq!(
+            read(None).await,
+            "epoch 1 loss 0.9\nepoch 2 loss 0.5\n",
+            "{name}"
+        );
         assert_eq!(read(Some(1)).await, "epoch 2 loss 0.5\n", "{name}");
-        let missing = spoke.backend.logs("run-l", "no-such-pod", None, false, None).await;
+        let missing = spoke
+            .backend
+            .logs("run-l", "no-such-pod", None, false, None)
+            .await;
         assert!(matches!(missing, Err(BackendError::NotFound(_))), "{name}");
         sim.stop().await;
         server.shutdown().await;

@@ -20,6 +20,10 @@
 //! with it. An immutable Secret (the MPI SSH key, random per build) is
 //! created once and kept.
 //!
+//! The run's extra environment (`TRACEPARENT`) is not written into the
+//! pod templates: the JobSet stays exactly as the hub built it (what
+//! `trainctl render` prints), plus the labels and annotation above.
+//!
 //! A start of a run whose JobSet is already there, of the same generation
 //! and spec hash, applies nothing (a restarted spoke, a resent start). A
 //! JobSet of an earlier generation of the same run is deleted first; one of
