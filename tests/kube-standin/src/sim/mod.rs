@@ -198,7 +198,11 @@ impl Cluster {
         let api: Api<K> = self.api(&object.namespace().unwrap_or_default());
         let params = PatchParams::default();
         if let Err(e) = api
-            .patch_status(&object.name_any(), &params, &Patch::Merge(&patch))
+            .patch_status(
+                &object.name_any(),
+                &params,
+                &Patch::Merge(&serde_json::json!({ "status": patch })),
+            )
             .await
         {
             tracing::debug!(error = %e, name = %object.name_any(), "simulator status write failed");
