@@ -7,6 +7,10 @@ use trainhub_kube_standin::{SimConfig, Simulator, Standin, StandinConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let standin = Standin::start(StandinConfig::default()).await?;
     let sim = Simulator::start(standin.client().await?, SimConfig::default());
     println!("serving {}", standin.url());
