@@ -239,8 +239,9 @@ async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
     let file = file.to_str().unwrap();
     hub.kubectl_ok(&["apply", "-f", file]);
 
-    let applied = eventually("the JobSet in the spoke's cluster", &hub, || {
-        spoke.jobset("default", "multi-node-example")
+    let (h, s) = (&hub, &spoke);
+    let applied = eventually("the JobSet in the spoke's cluster", h, move || {
+        s.jobset("default", "multi-node-example")
     })
     .await;
     let rendered = rendered_jobset(file);
@@ -258,8 +259,8 @@ async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
         assert_eq!(labels.get(k), Some(v), "label {k}");
     }
 
-    let done = eventually("the TrainJob Complete", &hub, || async {
-        trainjob(&hub, "multi-node-example").filter(|t| condition_true(t, "Complete"))
+    let done = eventually("the TrainJob Complete", h, move || async move {
+        trainjob(h, "multi-node-example").filter(|t| condition_true(t, "Complete"))
     })
     .await;
     let jobs = done["status"]["jobsStatus"].as_array().unwrap();
@@ -268,9 +269,8 @@ async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
     assert_eq!(node["failed"], 0, "{jobs:?}");
 
     hub.kubectl_ok(&["delete", "trainjob", "multi-node-example"]);
-    eventually("the JobSet deleted", &hub, || async {
-        spoke
-            .jobset("default", "multi-node-example")
+    eventually("the JobSet deleted", h, move || async move {
+        s.jobset("default", "multi-node-example")
             .await
             .is_none()
             .then_some(())
@@ -307,21 +307,26 @@ async fn a_gang_that_fits_no_node_of_a_spoke_lands_on_one_that_can_hold_it() {
         .collect();
     let narrow = KubeSpoke::start(&ca, "narrow", grpc, small).await;
     hub.kubectl_stdin(&["apply", "-f", "-"], Some(GANG));
-    eventually("the narrow spoke refusing the gang", &hub, || async {
-        narrow
-            .backend
-            .admissions
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|a| matches!(a, Err(BackendError::DoesNotFit(_))))
-            .then_some(())
-    })
+    let n = &narrow;
+    eventually(
+        "the narrow spoke refusing the gang",
+        &hub,
+        move || async move {
+            n.backend
+                .admissions
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|a| matches!(a, Err(BackendError::DoesNotFit(_))))
+                .then_some(())
+        },
+    )
     .await;
 
     let wide = KubeSpoke::start(&ca, "wide", grpc, Vec::new()).await;
-    eventually("the JobSet on the wide spoke", &hub, || {
-        wide.jobset("default", "gang")
+    let w = &wide;
+    eventually("the JobSet on the wide spoke", &hub, move || {
+        w.jobset("default", "gang")
     })
     .await;
     assert!(narrow.jobset("default", "gang").await.is_none());
