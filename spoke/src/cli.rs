@@ -9,12 +9,17 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::agent::{self, AgentConfig};
+use crate::backend::kube::capacity::GPU_PRODUCT_LABEL;
+use crate::backend::kube::{KubeBackend, KubeConfig};
 use crate::backend::process::{ProcessBackend, ProcessConfig, parse_quantity_milli};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
     /// Every pod of a run is a local process (no Kubernetes needed).
     Process,
+    /// Runs are JobSets in a Kubernetes cluster (--kubeconfig, or the
+    /// default kubeconfig, or the in-cluster service account).
+    Kube,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -55,6 +60,20 @@ pub struct Args {
     /// separated (e.g. `cpu=8,memory=32Gi,nvidia.com/gpu=0`).
     #[arg(long, default_value = "cpu=4,memory=8Gi")]
     pub capacity: String,
+    /// Kube backend: the kubeconfig file to use (default: $KUBECONFIG or
+    /// ~/.kube/config, else the in-cluster service account).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Kube backend: create a run's namespace when the cluster lacks it.
+    #[arg(long)]
+    pub create_namespaces: bool,
+    /// Kube backend: leave admission to Kueue: JobSets are created suspended
+    /// in this LocalQueue (label kueue.x-k8s.io/queue-name).
+    #[arg(long)]
+    pub kueue_queue: Option<String>,
+    /// Kube backend: the server-side apply field manager.
+    #[arg(long, default_value = "trainspoke")]
+    pub field_manager: String,
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 5)]
     pub heartbeat_seconds: u64,
@@ -131,6 +150,10 @@ pub async fn run(args: Args) -> Result<()> {
         backend,
         work_dir,
         capacity,
+        kubeconfig,
+        create_namespaces,
+        kueue_queue,
+        field_manager,
         heartbeat_seconds,
         log_format: _,
     } = args;
@@ -152,10 +175,105 @@ pub async fn run(args: Args) -> Result<()> {
             reports_tx,
         )
         .context("starting the process backend")?,
+        BackendKind::Kube => {
+            let client = kube_client(kubeconfig.as_deref()).await?;
+            let backend = KubeBackend::connect(
+                client,
+                KubeConfig {
+                    create_namespaces,
+                    kueue_queue,
+                    field_manager,
+                    ..KubeConfig::default()
+                },
+                reports_tx,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("starting the kube backend: {e}"))?;
+            let (product, seen) = backend.gpu_product();
+            if let Some(product) = product {
+                if seen.len() > 1 {
+                    tracing::info!(?seen, chosen = %product, "nodes have several GPU products; the label names the one with the most GPUs");
+                }
+                config
+                    .labels
+                    .entry(GPU_PRODUCT_LABEL.to_string())
+                    .or_insert(product);
+            }
+            backend
+        }
     };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     agent::run(config, backend, reports_rx, shutdown).await;
     Ok(())
+}
+
+/// A client of the cluster: from `kubeconfig`, else inferred (`$KUBECONFIG`
+/// or `~/.kube/config`, else the in-cluster service account).
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("the kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "finding the cluster (no --kubeconfig, no default kubeconfig, not in a pod)",
+        )?,
+    };
+    kube::Client::try_from(config).context("making the Kubernetes client")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    const BASE: [&str; 9] = [
+        "trainspoke",
+        "--hub",
+        "https://hub:6444",
+        "--ca",
+        "ca.crt",
+        "--cert",
+        "s.crt",
+        "--key",
+        "s.key",
+    ];
+
+    #[test]
+    fn kube_backend_flags_parse_under_their_documented_names() {
+        let args = Args::try_parse_from(BASE.iter().copied().chain([
+            "--backend",
+            "kube",
+            "--kubeconfig",
+            "/etc/kube/config",
+            "--create-namespaces",
+            "--kueue-queue",
+            "team-a",
+            "--field-manager",
+            "spoke-eu",
+        ]))
+        .unwrap();
+        assert_eq!(args.backend, BackendKind::Kube);
+        assert_eq!(args.kubeconfig, Some(PathBuf::from("/etc/kube/config")));
+        assert!(args.create_namespaces);
+        assert_eq!(args.kueue_queue.as_deref(), Some("team-a"));
+        assert_eq!(args.field_manager, "spoke-eu");
+    }
+
+    #[test]
+    fn kube_backend_flags_default_to_no_namespaces_no_kueue_and_trainspoke() {
+        let args = Args::try_parse_from(BASE.iter().copied().chain(["--backend", "kube"])).unwrap();
+        assert_eq!(args.kubeconfig, None);
+        assert!(!args.create_namespaces);
+        assert_eq!(args.kueue_queue, None);
+        assert_eq!(args.field_manager, "trainspoke");
+        let default = Args::try_parse_from(BASE).unwrap();
+        assert_eq!(default.backend, BackendKind::Process);
+    }
 }

@@ -4,6 +4,7 @@
 
 mod common;
 mod dispatch;
+mod kube;
 mod kube_clients;
 mod kubectl;
 mod sdk;

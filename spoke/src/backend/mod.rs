@@ -111,7 +111,8 @@ pub enum BackendError {
     Internal(String),
 }
 
-/// A place where runs run. Implementations: [`process::ProcessBackend`].
+/// A place where runs run. Implementations: [`process::ProcessBackend`],
+/// [`kube::KubeBackend`].
 pub trait Backend: Send + Sync + 'static {
     /// `process` or `kube`.
     fn kind(&self) -> &'static str;
@@ -154,6 +155,52 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<LogStream, BackendError>>;
 }
 
+/// A log request's `tail_lines`: none, or 0 or more.
+pub(crate) fn tail_lines(n: Option<i64>) -> Result<Option<u64>, BackendError> {
+    n.map(|n| {
+        u64::try_from(n)
+            .map_err(|_| BackendError::Invalid(format!("tail_lines: {n}; must be 0 or more")))
+    })
+    .transpose()
+}
+
+/// The latest run of `run_id` (by generation) in which `find` finds the pod
+/// a log request names.
+pub(crate) fn run_with_pod<'a, V, P>(
+    runs: &'a BTreeMap<RunKey, V>,
+    run_id: &str,
+    pod: &str,
+    find: impl Fn(&'a V) -> Option<P>,
+) -> Result<(&'a RunKey, P), BackendError> {
+    let mut held = runs.iter().filter(|(k, _)| k.run_id == run_id).peekable();
+    if held.peek().is_none() {
+        return Err(BackendError::NotFound(format!("run {run_id:?}")));
+    }
+    held.filter_map(|(k, v)| Some((k, find(v)?)))
+        .next_back()
+        .ok_or_else(|| BackendError::NotFound(format!("pod {pod:?} of run {run_id:?}")))
+}
+
+/// The container a log request names, which the pod must have, or the
+/// pod's first (`names`: its containers, then its init containers).
+pub(crate) fn pick_container<S: AsRef<str>>(
+    names: &[S],
+    container: Option<&str>,
+    pod: &str,
+) -> Result<String, BackendError> {
+    match container {
+        Some(c) if names.iter().any(|n| n.as_ref() == c) => Ok(c.to_owned()),
+        Some(c) => Err(BackendError::NotFound(format!(
+            "container {c:?} of pod {pod:?}"
+        ))),
+        None => names
+            .first()
+            .map(|n| n.as_ref().to_owned())
+            .ok_or_else(|| BackendError::NotFound(format!("a container of pod {pod:?}"))),
+    }
+}
+
 pub mod events;
+pub mod kube;
 pub mod process;
 pub mod sim;

@@ -3,4 +3,5 @@
 // Test helpers unwrap: a panic is how they report a failure.
 #![allow(clippy::unwrap_used)]
 
+mod kube;
 mod process;

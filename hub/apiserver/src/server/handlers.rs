@@ -1006,7 +1006,12 @@ async fn delete_object(
             .and_then(Value::as_array)
             .is_some_and(|a| a.iter().any(|v| v == "All"));
     let key = Key::new(&ctx.def.store_key(), ctx.target.namespace.as_deref(), &name);
-    if meta_finalizers(&old.value).is_empty() {
+    let gc_finalizer = match propagation_policy(ctx, options)? {
+        Some(policy) if ctx.server.garbage_collection => gc_finalizer(policy),
+        _ => None,
+    };
+    let finalizers = meta_finalizers(&old.value);
+    if finalizers.is_empty() && gc_finalizer.is_none() {
         if !dry_run {
             ctx.server
                 .store
@@ -1024,12 +1029,21 @@ async fn delete_object(
             outcome.warnings,
         ));
     }
-    if super::meta(&old.value).contains_key("deletionTimestamp") || dry_run {
+    let deleting = super::meta(&old.value).contains_key("deletionTimestamp");
+    let adds_finalizer = gc_finalizer.is_some_and(|f| !finalizers.iter().any(|g| g == f));
+    if (deleting && !adds_finalizer) || dry_run {
         return Ok((StatusCode::OK, old.value.as_ref().clone(), outcome.warnings));
     }
     let meta = metadata_mut(&mut marked);
-    meta.insert("deletionTimestamp".into(), now_rfc3339().into());
-    meta.insert("deletionGracePeriodSeconds".into(), 0.into());
+    if !deleting {
+        meta.insert("deletionTimestamp".into(), now_rfc3339().into());
+        meta.insert("deletionGracePeriodSeconds".into(), 0.into());
+    }
+    if let Some(finalizer) = gc_finalizer.filter(|_| adds_finalizer) {
+        let mut all = finalizers;
+        all.push(finalizer.to_string());
+        meta.insert("finalizers".into(), json!(all));
+    }
     let value = commit_one(
         ctx,
         Op::Update {
@@ -1040,6 +1054,41 @@ async fn delete_object(
     )
     .await?;
     Ok((StatusCode::OK, value, outcome.warnings))
+}
+
+/// `propagationPolicy` of a delete, from its `DeleteOptions` or the query
+/// (the deprecated `orphanDependents: true` means `Orphan`).
+fn propagation_policy<'a>(ctx: &'a Ctx, options: &'a Value) -> Result<Option<&'a str>, ApiError> {
+    let policy = options
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .or_else(|| ctx.query.get("propagationPolicy"))
+        .or_else(|| {
+            (options.get("orphanDependents") == Some(&Value::Bool(true))).then_some("Orphan")
+        });
+    match policy {
+        None | Some("Foreground" | "Background" | "Orphan") => Ok(policy),
+        Some(other) => Err(ApiError::invalid(
+            &ctx.def.group,
+            &ctx.def.kind,
+            ctx.name(),
+            &[FieldError::not_supported(
+                "propagationPolicy",
+                other,
+                &["Foreground", "Background", "Orphan"],
+            )],
+        )),
+    }
+}
+
+/// The finalizer that holds an object for the garbage collector under a
+/// propagation policy, as kube-apiserver names them.
+fn gc_finalizer(policy: &str) -> Option<&'static str> {
+    match policy {
+        "Foreground" => Some("foregroundDeletion"),
+        "Orphan" => Some("orphan"),
+        _ => None,
+    }
 }
 
 async fn delete_collection(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {

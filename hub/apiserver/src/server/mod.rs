@@ -58,6 +58,11 @@ pub struct Server {
     logs: Option<Arc<dyn LogSource>>,
     version: VersionInfo,
     bookmark_interval: Duration,
+    /// Whether deletes honour `propagationPolicy` with the `foregroundDeletion`
+    /// and `orphan` finalizers, for a garbage collector to act on.
+    garbage_collection: bool,
+    /// Bumped by [`Server::close_watches`]; every open watch ends when it changes.
+    watch_epoch: tokio::sync::watch::Sender<u64>,
 }
 
 /// Builds a [`Server`].
@@ -103,6 +108,16 @@ impl Builder {
         self.server.bookmark_interval = interval;
         self
     }
+    /// Deletes with `propagationPolicy: Foreground` (or `Orphan`) mark the
+    /// object with the `foregroundDeletion` (or `orphan`) finalizer instead of
+    /// removing it, as kube-apiserver does; a garbage collector running beside
+    /// the server must then delete the dependents (or release them) and
+    /// remove the finalizer. Off by default: without a collector such objects
+    /// would never go.
+    pub fn garbage_collection(mut self, enabled: bool) -> Self {
+        self.server.garbage_collection = enabled;
+        self
+    }
     pub fn build(self) -> Arc<Server> {
         Arc::new(self.server)
     }
@@ -122,6 +137,8 @@ impl Server {
                 logs: None,
                 version: VersionInfo::default(),
                 bookmark_interval: Duration::from_secs(60),
+                garbage_collection: false,
+                watch_epoch: tokio::sync::watch::Sender::new(0),
             },
         }
     }
@@ -132,6 +149,13 @@ impl Server {
 
     pub fn resources(&self) -> &[Arc<ResourceDef>] {
         &self.resources
+    }
+
+    /// Ends every open watch stream, as an API server restart or a load
+    /// balancer dropping connections would; clients must re-watch from their
+    /// last resourceVersion.
+    pub fn close_watches(&self) {
+        self.watch_epoch.send_modify(|epoch| *epoch += 1);
     }
 
     fn keys(&self, def: &ResourceDef) -> &dyn ListKeys {

@@ -75,6 +75,7 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
         Err(e) => return Err(ApiError::from_store(e, &ctx.def.group, &ctx.def.plural)),
     };
     let interval = ctx.server.bookmark_interval;
+    let mut epoch = ctx.server.watch_epoch.subscribe();
     tokio::spawn(async move {
         let mut w = Writer {
             ctx,
@@ -112,6 +113,7 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
         loop {
             tokio::select! {
                 _ = &mut deadline => return,
+                _ = epoch.changed() => return,
                 _ = closed.closed() => return,
                 _ = ticker.tick(), if bookmarks => {
                     let b = w.bookmark(w.last_rv, false);

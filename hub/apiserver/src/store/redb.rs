@@ -86,6 +86,18 @@ impl RedbStore {
         })
     }
 
+    /// Forgets the watch history, as etcd compaction does: a watch from any
+    /// resourceVersion older than the latest then fails with
+    /// [`StoreError::Gone`] (410 Expired), and the client must relist. Only
+    /// the in-memory history goes; after a reopen the persisted one is back.
+    pub fn compact(&self) {
+        self.state
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .history
+            .clear();
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|p| p.into_inner())
     }

@@ -442,38 +442,10 @@ impl Backend for ProcessBackend {
         tail_lines: Option<i64>,
     ) -> BoxFuture<'_, Result<LogStream, BackendError>> {
         let lookup = || -> Result<logs::LogRequest, BackendError> {
-            let tail_lines = tail_lines
-                .map(|n| {
-                    u64::try_from(n).map_err(|_| {
-                        BackendError::Invalid(format!("tail_lines: {n}; must be 0 or more"))
-                    })
-                })
-                .transpose()?;
+            let tail_lines = super::tail_lines(tail_lines)?;
             let inner = self.shared.lock();
-            let mut runs = inner
-                .runs
-                .iter()
-                .filter(|(k, _)| k.run_id == run_id)
-                .peekable();
-            if runs.peek().is_none() {
-                return Err(BackendError::NotFound(format!("run {run_id:?}")));
-            }
-            let (key, files) = runs
-                .filter_map(|(k, e)| Some((k, e.pods.get(pod)?)))
-                .next_back()
-                .ok_or_else(|| BackendError::NotFound(format!("pod {pod:?} of run {run_id:?}")))?;
-            let container =
-                match container {
-                    Some(c) if files.containers.iter().any(|n| n == c) => c.to_owned(),
-                    Some(c) => {
-                        return Err(BackendError::NotFound(format!(
-                            "container {c:?} of pod {pod:?}"
-                        )));
-                    }
-                    None => files.containers.first().cloned().ok_or_else(|| {
-                        BackendError::NotFound(format!("a container of pod {pod:?}"))
-                    })?,
-                };
+            let (key, files) = super::run_with_pod(&inner.runs, run_id, pod, |e| e.pods.get(pod))?;
+            let container = super::pick_container(&files.containers, container, pod)?;
             Ok(logs::LogRequest {
                 shared: Arc::clone(&self.shared),
                 key: key.clone(),

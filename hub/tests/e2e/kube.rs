@@ -1,0 +1,345 @@
+//! The hub with spokes on the Kubernetes backend, each against its own
+//! stand-in API server with the simulator playing the cluster: the JobSet a
+//! TrainJob becomes in the spoke's cluster, its status back at the hub,
+//! deletion, and gang admission against the nodes.
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use trainhub_apiserver::pki::Ca;
+use trainhub_kube_standin::{NodeSpec, SimConfig, Simulator, Standin, StandinConfig};
+use trainhub_spoke::agent::{self, AgentConfig};
+use trainhub_spoke::backend::kube::objects::Kind;
+use trainhub_spoke::backend::kube::{KubeBackend, KubeConfig};
+use trainhub_spoke::backend::{
+    Backend, BackendError, BoxFuture, Capacity, HeldRun, LogStream, PodSetRequest, RunKey,
+    RunReport, RunSpec,
+};
+
+use crate::common::{DevHub, tail, upstream_dir};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The kube backend, with every admission answer it gave.
+struct Recorded {
+    inner: Arc<KubeBackend>,
+    admissions: Mutex<Vec<Result<(), BackendError>>>,
+}
+
+impl Backend for Recorded {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn capacity(&self) -> Vec<Capacity> {
+        self.inner.capacity()
+    }
+    fn admit(&self, key: &RunKey, pod_sets: &[PodSetRequest]) -> Result<(), BackendError> {
+        let answer = self.inner.admit(key, pod_sets);
+        self.admissions.lock().unwrap().push(answer.clone());
+        answer
+    }
+    fn withdraw(&self, key: &RunKey) {
+        self.inner.withdraw(key)
+    }
+    fn start(&self, spec: RunSpec) -> BoxFuture<'_, Result<(), BackendError>> {
+        self.inner.start(spec)
+    }
+    fn stop(&self, run_id: &str, generation: i64) -> BoxFuture<'_, ()> {
+        self.inner.stop(run_id, generation)
+    }
+    fn runs(&self) -> Vec<HeldRun> {
+        self.inner.runs()
+    }
+    fn report(&self, key: &RunKey) -> Option<RunReport> {
+        self.inner.report(key)
+    }
+    fn logs(
+        &self,
+        run_id: &str,
+        pod: &str,
+        container: Option<&str>,
+        follow: bool,
+        tail_lines: Option<i64>,
+    ) -> BoxFuture<'_, Result<LogStream, BackendError>> {
+        self.inner.logs(run_id, pod, container, follow, tail_lines)
+    }
+}
+
+/// A spoke in this process: a stand-in cluster, its simulator, the kube
+/// backend and the agent.
+struct KubeSpoke {
+    standin: Standin,
+    sim: Option<Simulator>,
+    backend: Arc<Recorded>,
+    agent: JoinHandle<()>,
+}
+
+impl KubeSpoke {
+    async fn start(ca: &Ca, name: &str, grpc_port: u16, nodes: Vec<NodeSpec>) -> KubeSpoke {
+        let mut config = StandinConfig::default();
+        if !nodes.is_empty() {
+            config.nodes = nodes;
+        }
+        let standin = Standin::start(config).await.unwrap();
+        let sim = Simulator::start(standin.client().await.unwrap(), SimConfig::default());
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let inner =
+            KubeBackend::connect(standin.client().await.unwrap(), KubeConfig::default(), tx)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let backend = Arc::new(Recorded {
+            inner,
+            admissions: Mutex::new(Vec::new()),
+        });
+        let issued = ca
+            .issue_client(name, &[trainhub::grpc::SPOKE_GROUP])
+            .unwrap();
+        let mut agent_config = AgentConfig::new(
+            format!("https://127.0.0.1:{grpc_port}"),
+            ca.cert_pem().to_string(),
+            issued.cert_pem,
+            issued.key_pem,
+        );
+        agent_config.labels = [("name".to_string(), name.to_string())].into();
+        agent_config.heartbeat = Duration::from_millis(300);
+        agent_config.backoff_min = Duration::from_millis(100);
+        agent_config.backoff_max = Duration::from_millis(500);
+        let as_backend: Arc<dyn Backend> = backend.clone();
+        let agent = tokio::spawn(agent::run(
+            agent_config,
+            as_backend,
+            rx,
+            std::future::pending(),
+        ));
+        KubeSpoke {
+            standin,
+            sim: Some(sim),
+            backend,
+            agent,
+        }
+    }
+
+    async fn jobset(&self, namespace: &str, name: &str) -> Option<Value> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.standin.client().await.unwrap(),
+            namespace,
+            &Kind::JobSet.api_resource(),
+        );
+        api.get_opt(name)
+            .await
+            .unwrap()
+            .map(|o| serde_json::to_value(o).unwrap())
+    }
+
+    async fn shutdown(mut self) {
+        self.agent.abort();
+        if let Some(sim) = self.sim.take() {
+            sim.stop().await;
+        }
+        self.standin.shutdown().await;
+    }
+}
+
+async fn eventually<T, F>(what: &str, hub: &DevHub, mut check: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; hub log:\n{}",
+            tail(&hub.log(), 60)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn trainjob(hub: &DevHub, name: &str) -> Option<Value> {
+    let out = hub.kubectl(&["get", "trainjob", name, "-o", "json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn condition_true(trainjob: &Value, kind: &str) -> bool {
+    trainjob["status"]["conditions"]
+        .as_array()
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == kind && c["status"] == "True")
+        })
+}
+
+/// The JobSet `trainctl render` prints for `file` with the built-in runtimes.
+fn rendered_jobset(file: &str) -> Value {
+    let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_trainctl"))
+        .args(["render", "-f", file, "-o", "json"])
+        .env("TRAINHUB_CACHE_DIR", cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "JobSet")
+        .cloned()
+        .unwrap()
+}
+
+/// The environment the hub adds to every container for tracing, which a
+/// render does not have.
+fn without_trace_env(mut spec: Value) -> Value {
+    if let Some(rjobs) = spec["replicatedJobs"].as_array_mut() {
+        for rjob in rjobs {
+            let pod = &mut rjob["template"]["spec"]["template"]["spec"];
+            for list in ["containers", "initContainers"] {
+                for c in pod[list].as_array_mut().into_iter().flatten() {
+                    if let Some(env) = c["env"].as_array_mut() {
+                        env.retain(|e| {
+                            let n = e["name"].as_str().unwrap_or_default();
+                            n != "TRACEPARENT" && !n.starts_with("OTEL_")
+                        });
+                    }
+                }
+            }
+        }
+    }
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    let file = upstream_dir().join("01-multi-node.yaml");
+    let file = file.to_str().unwrap();
+    hub.kubectl_ok(&["apply", "-f", file]);
+
+    let (h, s) = (&hub, &spoke);
+    let applied = eventually("the JobSet in the spoke's cluster", h, move || {
+        s.jobset("default", "multi-node-example")
+    })
+    .await;
+    let rendered = rendered_jobset(file);
+    assert_eq!(
+        without_trace_env(applied["spec"].clone()),
+        without_trace_env(rendered["spec"].clone()),
+        "the applied JobSet differs from the rendered one"
+    );
+    let labels = applied["metadata"]["labels"].as_object().unwrap();
+    for (k, v) in rendered["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        assert_eq!(labels.get(k), Some(v), "label {k}");
+    }
+
+    let done = eventually("the TrainJob Complete", h, move || async move {
+        trainjob(h, "multi-node-example").filter(|t| condition_true(t, "Complete"))
+    })
+    .await;
+    let jobs = done["status"]["jobsStatus"].as_array().unwrap();
+    let node = jobs.iter().find(|j| j["name"] == "node").unwrap();
+    assert_eq!(node["succeeded"], 1, "{jobs:?}");
+    assert_eq!(node["failed"], 0, "{jobs:?}");
+
+    hub.kubectl_ok(&["delete", "trainjob", "multi-node-example"]);
+    eventually("the JobSet deleted", h, move || async move {
+        s.jobset("default", "multi-node-example")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    spoke.shutdown().await;
+}
+
+const GANG: &str = r#"
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: gang
+spec:
+  runtimeRef:
+    name: torch-distributed
+  trainer:
+    numNodes: 2
+    command: ["torchrun", "train.py"]
+    resourcesPerNode:
+      requests:
+        cpu: "3"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_that_fits_no_node_of_a_spoke_lands_on_one_that_can_hold_it() {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let ca = hub.ca();
+    // 8 CPUs in all, but no node can hold a pod of 3.
+    let small: Vec<NodeSpec> = (0..4)
+        .map(|i| NodeSpec::new(&format!("small-{i}"), &[("cpu", "2"), ("memory", "8Gi")]))
+        .collect();
+    let narrow = KubeSpoke::start(&ca, "narrow", grpc, small).await;
+    hub.kubectl_stdin(&["apply", "-f", "-"], Some(GANG));
+    let n = &narrow;
+    eventually(
+        "the narrow spoke refusing the gang",
+        &hub,
+        move || async move {
+            n.backend
+                .admissions
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|a| matches!(a, Err(BackendError::DoesNotFit(_))))
+                .then_some(())
+        },
+    )
+    .await;
+
+    let wide = KubeSpoke::start(&ca, "wide", grpc, Vec::new()).await;
+    let w = &wide;
+    eventually("the JobSet on the wide spoke", &hub, move || {
+        w.jobset("default", "gang")
+    })
+    .await;
+    assert!(narrow.jobset("default", "gang").await.is_none());
+    assert!(
+        narrow
+            .backend
+            .admissions
+            .lock()
+            .unwrap()
+            .iter()
+            .all(Result::is_err),
+        "the narrow spoke admitted the gang"
+    );
+    narrow.shutdown().await;
+    wide.shutdown().await;
+}

@@ -1,0 +1,1 @@
+//! The same simulator scenario against kmock.
