@@ -7,3 +7,4 @@ mod dispatch;
 mod kube_clients;
 mod kubectl;
 mod sdk;
+mod telemetry;
