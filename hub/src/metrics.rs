@@ -43,57 +43,57 @@ pub fn hub() -> &'static HubMetrics {
         HubMetrics {
             trainjobs: r.register(
                 "trainhub_trainjobs",
-                "TrainJobs by state (Queued, Running, Suspended, Complete, Failed).",
+                "TrainJobs by state (Queued, Running, Suspended, Complete, Failed)",
                 Family::default(),
             ),
             queue_depth: r.register(
                 "trainhub_queue_depth",
-                "TrainJobs waiting for a spoke.",
+                "TrainJobs waiting for a spoke",
                 Gauge::default(),
             ),
             queue_wait: r.register(
                 "trainhub_queue_wait_seconds",
-                "From queued to the first offer sent to a spoke.",
+                "From queued to the first offer sent to a spoke",
                 latency_histogram(),
             ),
             submit_to_admitted: r.register(
                 "trainhub_dispatch_submit_to_admitted_seconds",
-                "From the TrainJob queued (created, requeued or restarted hub) to its placement on the spoke that admitted it.",
+                "From the TrainJob queued (created, requeued or restarted hub) to its placement on the spoke that admitted it",
                 latency_histogram(),
             ),
             admitted_to_running: r.register(
                 "trainhub_dispatch_admitted_to_running_seconds",
-                "From placement to the spoke's first report of the running run.",
+                "From placement to the spoke's first report of the running run",
                 latency_histogram(),
             ),
             plugin_calls: r.register(
                 "trainhub_plugin_call_duration_seconds",
-                "Plugin calls by plugin, phase and outcome (ok, timeout, out-of-memory, trap).",
+                "Plugin calls by plugin, phase and outcome (ok, timeout, out-of-memory, trap)",
                 latency_family(),
             ),
             connected_spokes: r.register(
                 "trainhub_connected_spokes",
-                "Spokes with an open session.",
+                "Spokes with an open session",
                 Gauge::default(),
             ),
             heartbeat_age: r.register(
                 "trainhub_spoke_heartbeat_age_seconds",
-                "Seconds since each spoke's last heartbeat (or hello).",
+                "Seconds since each spoke's last heartbeat (or hello)",
                 Family::default(),
             ),
             spoke_connects: r.register(
                 "trainhub_spoke_session_starts",
-                "Sessions opened per spoke (each reconnect adds one).",
+                "Sessions opened per spoke (each reconnect adds one)",
                 Family::default(),
             ),
             spoke_allocatable: r.register(
                 "trainhub_spoke_allocatable",
-                "Capacity a spoke declares, per resource, in units (cpu cores, memory bytes).",
+                "Capacity a spoke declares, per resource, in units (cpu cores, memory bytes)",
                 Family::default(),
             ),
             spoke_free: r.register(
                 "trainhub_spoke_free",
-                "Capacity a spoke reports free, per resource, in units.",
+                "Capacity a spoke reports free, per resource, in units",
                 Family::default(),
             ),
             registry: r,

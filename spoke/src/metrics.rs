@@ -30,32 +30,32 @@ pub fn spoke() -> &'static SpokeMetrics {
         SpokeMetrics {
             connected: r.register(
                 "trainhub_spoke_connected",
-                "1 while the session with the hub is open.",
+                "1 while the session with the hub is open",
                 Gauge::default(),
             ),
             reconnects: r.register(
                 "trainhub_spoke_reconnects",
-                "Sessions with the hub opened after the first.",
+                "Sessions with the hub opened after the first",
                 Counter::default(),
             ),
             offers: r.register(
                 "trainhub_spoke_offers",
-                "Offers answered, by answer (admitted true or false).",
+                "Offers answered, by answer (admitted true or false)",
                 Family::default(),
             ),
             runs: r.register(
                 "trainhub_spoke_runs",
-                "Runs held that have not finished.",
+                "Runs held that have not finished",
                 Gauge::default(),
             ),
             allocatable: r.register(
                 "trainhub_spoke_allocatable",
-                "Capacity declared, per resource, in units (cpu cores, memory bytes).",
+                "Capacity declared, per resource, in units (cpu cores, memory bytes)",
                 Family::default(),
             ),
             free: r.register(
                 "trainhub_spoke_free",
-                "Capacity free, per resource, in units.",
+                "Capacity free, per resource, in units",
                 Family::default(),
             ),
             registry: r,

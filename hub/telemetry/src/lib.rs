@@ -148,6 +148,8 @@ impl Telemetry {
                 .with_tracer(p.tracer("trainhub"))
                 .with_location(false)
                 .with_threads(false)
+                .with_target(false)
+                .with_tracked_inactivity(false)
                 .with_filter(Targets::new().with_target(TRACE_TARGET, tracing::Level::INFO))
         });
         tracing_subscriber::registry()

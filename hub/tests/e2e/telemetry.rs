@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -21,7 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value;
 use serde_json::Value;
 
-use crate::common::{DevHub, tail};
+use crate::common::{DevHub, free_port, tail, wait_for};
 
 /// One span as received, with its service's resource.
 #[derive(Debug, Clone)]
@@ -138,14 +138,6 @@ impl Drop for Spoke {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn trainspoke_binary() -> PathBuf {
     let path = Path::new(env!("CARGO_BIN_EXE_trainhub")).with_file_name("trainspoke");
     assert!(
@@ -235,26 +227,6 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]
             _ => None,
         }
     })
-}
-
-async fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    log: impl Fn() -> String,
-    mut check: impl FnMut() -> Option<T>,
-) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 const JOB: &str = "traced";
@@ -470,6 +442,13 @@ async fn one_trace_spans_hub_spokes_and_the_training_process_across_a_hub_restar
         },
     )
     .await;
+    // The trace, shown when an assertion below fails.
+    for s in &spans {
+        eprintln!(
+            "{} {} {} <- {} {:?}",
+            s.service, s.name, s.span_id, s.parent, s.attributes
+        );
+    }
     let one = |service: &str, name: &str| -> Vec<&Received> {
         spans
             .iter()
