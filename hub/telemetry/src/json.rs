@@ -4,16 +4,25 @@
 //! plus the ids (OpenTelemetry's log data model names them so).
 
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
 use opentelemetry::trace::TraceContextExt;
 use serde_json::{Map, Value};
+use tracing::dispatcher::WeakDispatch;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-pub(crate) struct JsonWithTrace;
+/// The formatter. It reads the OpenTelemetry context of the current span
+/// through the subscriber it is installed in, given once that exists
+/// (while an event is being formatted, `tracing` does not hand out the
+/// current dispatcher).
+#[derive(Clone, Default)]
+pub(crate) struct JsonWithTrace {
+    pub(crate) dispatch: Arc<OnceLock<WeakDispatch>>,
+}
 
 struct Fields(Map<String, Value>);
 
@@ -76,8 +85,7 @@ where
             }
             drop(extensions);
             line.insert("span".into(), Value::Object(current));
-            if crate::tracing_enabled()
-                && let Some(dispatch) = tracing::dispatcher::get_default(|d| Some(d.clone()))
+            if let Some(dispatch) = self.dispatch.get().and_then(WeakDispatch::upgrade)
                 && let Some(cx) = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)
             {
                 let otel = cx.span();
@@ -90,5 +98,72 @@ where
         }
         let text = serde_json::to_string(&Value::Object(line)).map_err(|_| fmt::Error)?;
         writeln!(writer, "{text}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use opentelemetry::trace::TracerProvider;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(data);
+            Ok(data.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_in_a_traced_span_carry_its_trace_and_span_ids() {
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let format = JsonWithTrace::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .event_format(format.clone())
+                    .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+                    .with_writer(move || writer.clone()),
+            )
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        let traceparent = tracing::subscriber::with_default(subscriber, || {
+            tracing::dispatcher::get_default(|d| format.dispatch.set(d.downgrade()).ok());
+            tracing::info!("outside");
+            let span = tracing::info_span!("work", job = "a");
+            let _entered = span.enter();
+            tracing::info!(n = 3, "inside");
+            let cx = tracing_opentelemetry::OpenTelemetrySpanExt::context(&span);
+            let sc = cx.span().span_context().clone();
+            (sc.trace_id().to_string(), sc.span_id().to_string())
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap_or_else(|p| p.into_inner()).clone())
+            .unwrap_or_default();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or(Value::Null))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0]["fields"]["message"], "outside");
+        assert!(lines[0].get("trace_id").is_none(), "{text}");
+        assert_eq!(lines[1]["fields"]["n"], 3);
+        assert_eq!(lines[1]["span"]["name"], "work");
+        assert_eq!(lines[1]["span"]["job"], "a");
+        assert_eq!(lines[1]["trace_id"], traceparent.0.as_str(), "{text}");
+        assert_eq!(lines[1]["span_id"], traceparent.1.as_str(), "{text}");
     }
 }

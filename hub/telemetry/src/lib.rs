@@ -118,12 +118,13 @@ impl Telemetry {
     pub fn init(options: Options) -> Result<Telemetry, Error> {
         let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
         let (filter, handle) = reload::Layer::new(filter);
+        let json = json::JsonWithTrace::default();
         let fmt = match options.log_format {
             LogFormat::Text => tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .boxed(),
             LogFormat::Json => tracing_subscriber::fmt::layer()
-                .event_format(json::JsonWithTrace)
+                .event_format(json.clone())
                 .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
                 .with_writer(std::io::stderr)
                 .boxed(),
@@ -157,6 +158,7 @@ impl Telemetry {
             .with(otel_layer)
             .try_init()
             .map_err(|_| Error::AlreadyInstalled)?;
+        tracing::dispatcher::get_default(|d| json.dispatch.set(d.downgrade()).ok());
         if provider.is_some() {
             TRACING.store(true, Ordering::Relaxed);
         }

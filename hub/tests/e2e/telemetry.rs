@@ -376,6 +376,38 @@ async fn one_trace_spans_hub_spokes_and_the_training_process_across_a_hub_restar
         );
     }
 
+    // An admin changes the hub's log level at run time, as on kube-apiserver.
+    assert_eq!(
+        hub.kubectl_ok(&["get", "--raw", "/debug/flags/v"]).trim(),
+        "info"
+    );
+    let v = dir.path().join("v");
+    std::fs::write(&v, "4").unwrap();
+    let set = hub.kubectl_ok(&[
+        "replace",
+        "--raw",
+        "/debug/flags/v",
+        "-f",
+        &v.display().to_string(),
+    ]);
+    assert!(set.contains("debug"), "{set}");
+    assert_eq!(
+        hub.kubectl_ok(&["get", "--raw", "/debug/flags/v"]).trim(),
+        "debug"
+    );
+    std::fs::write(&v, "trainhub=loud").unwrap();
+    let refused = hub.kubectl(&[
+        "replace",
+        "--raw",
+        "/debug/flags/v",
+        "-f",
+        &v.display().to_string(),
+    ]);
+    assert!(
+        !refused.status.success(),
+        "a level that is neither a verbosity nor a filter is refused"
+    );
+
     // The admission span is exported; the hub restarts mid-run.
     wait_for(
         "the admission span",
