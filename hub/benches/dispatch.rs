@@ -13,6 +13,11 @@
 //! built); throughput is TrainJobs started per second from the first create
 //! to the last start; CPU is the process's user + system time over the
 //! same span, per TrainJob (hub, spokes and clients together).
+//!
+//! `--otlp` measures the tracing overhead: the process exports its traces
+//! (hub and spokes) to an OTLP sink it serves itself at
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` (which must be set, e.g.
+//! `http://127.0.0.1:4317`), which counts the spans and drops them.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -45,11 +50,86 @@ fn main() {
     let concurrency = arg("--concurrency", 32);
     let rate = arg("--rate", 0);
     let incremental = std::env::args().any(|a| a == "--incremental");
+    let otlp = std::env::args().any(|a| a == "--otlp");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
+    let sink = otlp.then(|| runtime.block_on(sink::start()));
+    let telemetry = otlp.then(|| {
+        trainhub_telemetry::Telemetry::init(trainhub_telemetry::Options {
+            service_name: "trainhub",
+            log_format: trainhub_telemetry::LogFormat::Text,
+            resource: Vec::new(),
+        })
+        .expect("telemetry")
+    });
+    assert!(
+        !otlp || trainhub_telemetry::tracing_enabled(),
+        "--otlp: the exporter is not installed"
+    );
     runtime.block_on(run(spokes, jobs, concurrency, rate, incremental));
+    if let (Some(mut telemetry), Some(sink)) = (telemetry, sink) {
+        telemetry.shutdown();
+        println!(
+            "otlp: {} spans exported to the sink",
+            sink.load(Ordering::Relaxed)
+        );
+    }
+}
+
+/// An OTLP/gRPC trace receiver that counts spans.
+mod sink {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    use opentelemetry_proto::tonic::collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    };
+
+    struct Sink(Arc<AtomicUsize>);
+
+    #[tonic::async_trait]
+    impl TraceService for Sink {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let spans: usize = request
+                .get_ref()
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            self.0.fetch_add(spans, Ordering::Relaxed);
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+
+    /// Serves at the host and port of `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub async fn start() -> Arc<AtomicUsize> {
+        let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .expect("--otlp needs OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://127.0.0.1:4317");
+        let addr = endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .unwrap_or_else(|e| panic!("--otlp: listening on {addr}: {e}"));
+        let count = Arc::new(AtomicUsize::new(0));
+        let service = TraceServiceServer::new(Sink(count.clone()));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        count
+    }
 }
 
 /// User + system CPU time of this process so far (Linux `/proc`).

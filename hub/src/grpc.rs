@@ -37,6 +37,9 @@ pub struct GrpcTls {
 
 struct SpokeService {
     dispatch: Arc<Dispatch>,
+    /// Set when the server shuts down: the open sessions end, so that the
+    /// graceful shutdown does not wait for streams that never finish.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 type HubStream = Pin<Box<dyn Stream<Item = Result<pb::HubMessage, Status>> + Send>>;
@@ -82,8 +85,12 @@ impl pb::spoke_server::Spoke for SpokeService {
             }
             dispatch.disconnect(&name, id);
         });
+        let mut stopping = self.stopping.clone();
+        let stopped = async move {
+            let _ = stopping.wait_for(|s| *s).await;
+        };
         Ok(Response::new(Box::pin(
-            UnboundedReceiverStream::new(rx).map(Ok),
+            UnboundedReceiverStream::new(rx).map(Ok).take_until(stopped),
         )))
     }
 }
@@ -135,12 +142,17 @@ pub async fn serve(
         .identity(Identity::from_pem(&tls.cert_pem, &tls.key_pem))
         .client_ca_root(Certificate::from_pem(&tls.client_ca_pem));
     tracing::info!(addr = ?addr, "serving spokes (gRPC, mutual TLS)");
+    let (stop_tx, stopping) = tokio::sync::watch::channel(false);
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
     Server::builder()
         .tls_config(tls_config)?
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(
-            pb::spoke_server::SpokeServer::new(SpokeService { dispatch })
+            pb::spoke_server::SpokeServer::new(SpokeService { dispatch, stopping })
                 .max_decoding_message_size(64 << 20),
         )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)

@@ -121,6 +121,8 @@ impl Hub {
                 config.client_ca.is_some(),
             )))
             .authorizer(Arc::new(PolicyAuthorizer::new(policy)));
+        let (public, authenticated) = crate::metrics::routes(dispatch.clone());
+        builder = builder.routes(public, authenticated);
         for def in api::resources()? {
             builder = builder.resource(def);
         }

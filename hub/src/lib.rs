@@ -16,5 +16,6 @@ pub mod dispatch;
 pub mod grpc;
 pub mod hub;
 pub mod logging;
+pub mod metrics;
 pub mod plugins;
 pub mod render;

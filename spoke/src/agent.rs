@@ -18,9 +18,14 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tracing::Instrument;
 use trainhub_proto as pb;
 
+use trainhub_telemetry::metrics::labels;
+use trainhub_telemetry::propagation::{Parent, TRACEPARENT};
+
 use crate::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
+use crate::metrics;
 
 /// How the agent reaches the hub.
 #[derive(Debug, Clone)]
@@ -107,6 +112,8 @@ struct Shared {
     seq: Mutex<HashMap<String, u64>>,
     /// Log requests being served, by request id.
     log_tasks: Mutex<HashMap<String, JoinHandle<()>>>,
+    /// The `run` span of each run started here, open until it finishes.
+    run_spans: Mutex<HashMap<String, tracing::Span>>,
 }
 
 impl Shared {
@@ -151,6 +158,7 @@ pub async fn run(
         current: Mutex::new(None),
         seq: Mutex::new(HashMap::new()),
         log_tasks: Mutex::new(HashMap::new()),
+        run_spans: Mutex::new(HashMap::new()),
     });
     /// Ends the log streams being served when the agent goes away.
     struct EndLogs(Arc<Shared>);
@@ -166,6 +174,9 @@ pub async fn run(
         let shared = shared.clone();
         AbortOnDrop(tokio::spawn(async move {
             while let Some(report) = reports.recv().await {
+                if report.finished {
+                    end_run_span(&shared, &report);
+                }
                 let message = shared.report_message(&report);
                 shared.send(message);
             }
@@ -173,9 +184,16 @@ pub async fn run(
     };
     let connect_loop = async {
         let mut failures: u32 = 0;
+        let mut sessions: u64 = 0;
         loop {
             let started = Instant::now();
-            match session(&config, &shared).await {
+            if sessions > 0 {
+                metrics::spoke().reconnects.inc();
+            }
+            sessions += 1;
+            let result = session(&config, &shared).await;
+            metrics::spoke().connected.set(0);
+            match result {
                 Ok(()) => tracing::warn!("the hub closed the session"),
                 Err(e) => tracing::warn!(error = %e, "session with the hub failed"),
             }
@@ -252,6 +270,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
     }
     let response = client.session(UnboundedReceiverStream::new(rx)).await?;
     *lock(&shared.current) = Some(tx.clone());
+    metrics::spoke().connected.set(1);
     tracing::info!(hub = %config.hub_url, runs = held.len(), "connected to the hub");
     let _heartbeat = {
         let tx = tx.clone();
@@ -317,7 +336,24 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
                     requests_milli: p.requests_milli.into_iter().collect(),
                 })
                 .collect();
-            let answer = backend.admit(&key, &pod_sets);
+            let span = trainhub_telemetry::span!(
+                "admit",
+                run = %key.run_id,
+                generation = key.generation,
+                admitted = tracing::field::Empty,
+            );
+            if let Some(parent) = Parent::extract(&offer.trace_context) {
+                parent.adopt(&span);
+            }
+            let answer = span.in_scope(|| backend.admit(&key, &pod_sets));
+            span.record("admitted", answer.is_ok());
+            metrics::spoke()
+                .offers
+                .get_or_create(&labels([(
+                    "admitted",
+                    if answer.is_ok() { "true" } else { "false" },
+                )]))
+                .inc();
             if let Err(e) = &answer {
                 tracing::debug!(run = %key.run_id, error = %e, "offer refused");
             }
@@ -336,7 +372,8 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
         }),
         Message::Start(start) => {
             let shared = shared.clone();
-            tokio::spawn(async move {
+            let (apply, extra_env) = run_spans(&shared, &start);
+            let task = async move {
                 let key = RunKey {
                     run_id: start.run_id.clone(),
                     generation: start.generation,
@@ -349,12 +386,7 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
                             name: start.name.clone(),
                             trainjob_uid: start.trainjob_uid.clone(),
                             objects,
-                            extra_env: start
-                                .trace_context
-                                .iter()
-                                .filter(|(k, _)| k.as_str() == "traceparent")
-                                .map(|(_, v)| ("TRACEPARENT".to_string(), v.clone()))
-                                .collect(),
+                            extra_env,
                         };
                         shared.backend.start(spec).await
                     }
@@ -363,10 +395,12 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
                 if let Err(e) = result {
                     tracing::warn!(run = %key.run_id, error = %e, "start failed");
                     let report = failed_report(key, &e);
+                    end_run_span(&shared, &report);
                     let message = shared.report_message(&report);
                     shared.send(message);
                 }
-            });
+            };
+            tokio::spawn(task.instrument(apply));
         }
         Message::Stop(stop) => {
             tokio::spawn(async move {
@@ -432,6 +466,54 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
             });
             lock(&shared.log_tasks).insert(id, task);
         }
+    }
+}
+
+/// The spans of a start: `apply` (the backend starting the run) and
+/// `run` (until the run finishes), children of the hub's context; and the
+/// environment that lets the run's processes join the trace: `TRACEPARENT`
+/// of the `run` span (or, with tracing off here, the hub's) and the
+/// exporter's `OTEL_*` settings.
+fn run_spans(shared: &Shared, start: &pb::Start) -> (tracing::Span, Vec<(String, String)>) {
+    let parent = Parent::extract(&start.trace_context);
+    let span = |span: tracing::Span| {
+        if let Some(p) = &parent {
+            p.adopt(&span);
+        }
+        span
+    };
+    let apply = span(trainhub_telemetry::span!(
+        "apply",
+        run = %start.run_id,
+        generation = start.generation,
+        trainjob = %start.name,
+    ));
+    let run = span(trainhub_telemetry::span!(
+        "run",
+        run = %start.run_id,
+        generation = start.generation,
+        trainjob = %start.name,
+        outcome = tracing::field::Empty,
+    ));
+    let traceparent = trainhub_telemetry::propagation::traceparent(&run)
+        .or_else(|| start.trace_context.get(TRACEPARENT).cloned());
+    let mut env = trainhub_telemetry::child_env();
+    if let Some(traceparent) = traceparent {
+        env.push(("TRACEPARENT".to_string(), traceparent));
+    }
+    if !run.is_disabled() {
+        lock(&shared.run_spans).insert(start.run_id.clone(), run);
+    }
+    (apply, env)
+}
+
+/// Ends the `run` span of a finished run with its outcome.
+fn end_run_span(shared: &Shared, report: &RunReport) {
+    if let Some(span) = lock(&shared.run_spans).remove(&report.key.run_id) {
+        let outcome = report.jobset_status["terminalState"]
+            .as_str()
+            .unwrap_or("Finished");
+        span.record("outcome", outcome);
     }
 }
 

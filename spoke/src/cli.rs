@@ -79,10 +79,14 @@ pub struct Args {
     pub heartbeat_seconds: u64,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Serve `/metrics` (Prometheus), `/livez` and `/readyz` over plain
+    /// HTTP on `HOST:PORT` (e.g. `0.0.0.0:8080`); off when not given.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub http_address: Option<std::net::SocketAddr>,
 }
 
 pub fn main(args: Args) -> ExitCode {
-    init_logging(args.log_format);
+    let mut telemetry = init_telemetry(&args);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -90,7 +94,11 @@ pub fn main(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    let result = runtime.block_on(run(args));
+    if let Some(t) = telemetry.as_mut() {
+        t.shutdown();
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -99,16 +107,39 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
+/// Logs, and traces when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, with the
+/// resource `service.name=trainspoke`, `service.instance.id` the spoke's
+/// name (its certificate's CN) and `k8s.cluster.name` its `cluster` label.
+fn init_telemetry(args: &Args) -> Option<trainhub_telemetry::Telemetry> {
+    let mut resource = Vec::new();
+    if let Some(name) = std::fs::read(&args.cert)
+        .ok()
+        .and_then(|pem| common_name(&pem))
+    {
+        resource.push(("service.instance.id".to_string(), name));
+    }
+    if let Ok(labels) = parse_pairs("--label", &args.labels)
+        && let Some(cluster) = labels.get("cluster")
+    {
+        resource.push(("k8s.cluster.name".to_string(), cluster.clone()));
+    }
+    trainhub_telemetry::Telemetry::init(trainhub_telemetry::Options {
+        service_name: "trainspoke",
+        log_format: match args.log_format {
+            LogFormat::Text => trainhub_telemetry::LogFormat::Text,
+            LogFormat::Json => trainhub_telemetry::LogFormat::Json,
+        },
+        resource,
+    })
+    .ok()
+}
+
+/// The Subject CN of the first certificate in `pem`.
+fn common_name(pem: &[u8]) -> Option<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).ok()?;
+    let cert = pem.parse_x509().ok()?;
+    let cn = cert.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(String::from)
 }
 
 /// `KEY=VALUE,...` into a map, naming the flag in errors.
@@ -156,6 +187,7 @@ pub async fn run(args: Args) -> Result<()> {
         field_manager,
         heartbeat_seconds,
         log_format: _,
+        http_address,
     } = args;
     let read = |p: &PathBuf| {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
@@ -202,10 +234,33 @@ pub async fn run(args: Args) -> Result<()> {
             backend
         }
     };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let http = match http_address {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--http-address {addr}: listening"))?;
+            let backend = backend.clone();
+            let mut stop = stop_rx.clone();
+            Some(tokio::spawn(async move {
+                let stopped = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                if let Err(e) = crate::metrics::serve(listener, backend, stopped).await {
+                    tracing::error!(error = %e, "the HTTP endpoint failed");
+                }
+            }))
+        }
+        None => None,
+    };
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
     agent::run(config, backend, reports_rx, shutdown).await;
+    let _ = stop_tx.send(true);
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     Ok(())
 }
 

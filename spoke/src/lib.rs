@@ -8,7 +8,9 @@
 //!   and its implementations ([`backend::process`], the embedded default:
 //!   every pod of the built JobSet is a local process).
 //! - [`cli`]: the `trainspoke` command line.
+//! - [`metrics`]: Prometheus metrics and the `--http-address` endpoint.
 
 pub mod agent;
 pub mod backend;
 pub mod cli;
+pub mod metrics;

@@ -165,7 +165,50 @@ impl TrainerAdmission {
         self
     }
 
+    /// Admits a TrainJob write. A create starts the TrainJob's trace: its
+    /// root span covers admission (the PreExecution plugins are its
+    /// children) and its context is stored on the TrainJob, so that every
+    /// later span, on this hub after any restart and on the spokes, joins
+    /// the same trace. An update keeps those annotations.
     fn admit_trainjob(
+        &self,
+        request: &Request<'_>,
+        schema: &Schema,
+        object: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<Outcome, ApiError> {
+        if request.operation != Operation::Create {
+            keep_trace_annotations(object, old);
+            return self.check_trainjob(request, schema, object, old);
+        }
+        let span = trainhub_telemetry::span!(
+            "admission",
+            trainjob = request.name,
+            namespace = request.namespace.unwrap_or_default(),
+            user = %request.user.name,
+            outcome = tracing::field::Empty,
+        );
+        let result = span.in_scope(|| self.check_trainjob(request, schema, object, old));
+        if span.is_disabled() {
+            return result;
+        }
+        match &result {
+            Ok(_) => {
+                span.record("outcome", "admitted");
+                if !request.dry_run
+                    && let Some(traceparent) = trainhub_telemetry::propagation::traceparent(&span)
+                {
+                    set_trace_annotations(object, &traceparent);
+                }
+            }
+            Err(e) => {
+                span.record("outcome", e.message.as_str());
+            }
+        }
+        result
+    }
+
+    fn check_trainjob(
         &self,
         request: &Request<'_>,
         schema: &Schema,
@@ -344,6 +387,45 @@ impl TrainerAdmission {
                 .push(runtime::deprecated_runtime_warning(request.name));
         }
         Ok(outcome)
+    }
+}
+
+/// On a TrainJob: the W3C `traceparent` of its admission span, the parent
+/// of every later span of its trace (set at create when traces are
+/// exported).
+pub const ANNOTATION_TRACEPARENT: &str = "trainhub.kubeflow.org/traceparent";
+/// On a TrainJob: its trace id, to look the trace up.
+pub const ANNOTATION_TRACE_ID: &str = "trainhub.kubeflow.org/trace-id";
+
+fn set_trace_annotations(object: &mut Value, traceparent: &str) {
+    let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let annotations = metadata
+        .entry("annotations")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !annotations.is_object() {
+        *annotations = Value::Object(Default::default());
+    }
+    if let Some(map) = annotations.as_object_mut() {
+        map.insert(ANNOTATION_TRACEPARENT.into(), traceparent.into());
+        if let Some(id) = trainhub_telemetry::propagation::trace_id_of(traceparent) {
+            map.insert(ANNOTATION_TRACE_ID.into(), id.into());
+        }
+    }
+}
+
+/// An update keeps the trace annotations the TrainJob was created with
+/// (a client that replaces the object without them does not end its
+/// trace).
+fn keep_trace_annotations(object: &mut Value, old: Option<&Value>) {
+    let Some(stored) =
+        old.and_then(|o| o["metadata"]["annotations"][ANNOTATION_TRACEPARENT].as_str())
+    else {
+        return;
+    };
+    if object["metadata"]["annotations"][ANNOTATION_TRACEPARENT].is_null() {
+        set_trace_annotations(object, stored);
     }
 }
 

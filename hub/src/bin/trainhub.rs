@@ -74,7 +74,7 @@ struct ServeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    trainhub::logging::init(&cli.log_format);
+    let mut telemetry = trainhub::logging::init(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -107,6 +107,10 @@ fn main() -> ExitCode {
             }
         }
     });
+    // Export the last spans before the runtime (and the process) goes.
+    if let Some(t) = telemetry.as_mut() {
+        t.shutdown();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

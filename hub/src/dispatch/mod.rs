@@ -15,6 +15,7 @@
 //! labels, e.g. `region=eu,gpu.product in (H100,A100)`).
 
 pub mod core;
+mod observe;
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -171,6 +172,8 @@ pub struct Dispatch {
     writer_rx: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
     epoch: Instant,
     me: std::sync::Weak<Dispatch>,
+    /// Spans and latency metrics.
+    observe: observe::Observer,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -216,11 +219,53 @@ impl Dispatch {
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),
             epoch: Instant::now(),
+            observe: observe::Observer::default(),
         })
     }
 
     fn now(&self) -> core::Millis {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Sets the metrics that mirror dispatch state (TrainJobs by state,
+    /// queue depth, spokes), before a scrape.
+    pub fn refresh_metrics(&self) {
+        let m = crate::metrics::hub();
+        let (trainjobs, _) = self.store.list(TRAINJOBS, None);
+        let mut counts: HashMap<&str, i64> = HashMap::new();
+        {
+            let state = lock(&self.state);
+            m.connected_spokes
+                .set(i64::try_from(state.connected_spokes()).unwrap_or(i64::MAX));
+            m.queue_depth
+                .set(i64::try_from(state.queue_depth()).unwrap_or(i64::MAX));
+            for object in &trainjobs {
+                let v = &object.value;
+                let status = &v["status"];
+                let key = job_key(&object.key.namespace, &object.key.name);
+                let name = if is_true(status, CONDITION_COMPLETE) {
+                    "Complete"
+                } else if is_true(status, CONDITION_FAILED) {
+                    "Failed"
+                } else if v["spec"]["suspend"] == true {
+                    "Suspended"
+                } else if state
+                    .placement(&key)
+                    .is_some_and(|(spoke, _)| !spoke.is_empty())
+                {
+                    "Running"
+                } else {
+                    "Queued"
+                };
+                *counts.entry(name).or_default() += 1;
+            }
+        }
+        for state in ["Queued", "Running", "Suspended", "Complete", "Failed"] {
+            m.trainjobs
+                .get_or_create(&trainhub_telemetry::metrics::labels([("state", state)]))
+                .set(counts.get(state).copied().unwrap_or(0));
+        }
+        self.observe.refresh_spokes();
     }
 
     /// Connected spokes and queued TrainJobs, for metrics and tests.
@@ -351,6 +396,9 @@ impl Dispatch {
         let key = job_key(&event.object.key.namespace, &event.object.key.name);
         match event.kind {
             EventType::Deleted => {
+                if let Some(uid) = event.object.value["metadata"]["uid"].as_str() {
+                    self.observe.forget(uid);
+                }
                 let actions = lock(&self.state).remove_job(&key);
                 self.execute(actions);
             }
@@ -359,6 +407,9 @@ impl Dispatch {
     }
 
     fn upsert(&self, object: &Value, placement: Option<Placement>) {
+        if placement.as_ref().is_some_and(|p| p.spoke.is_some()) {
+            self.observe.resumed(object);
+        }
         let Some(info) = self.job_info(object) else {
             return;
         };
@@ -411,6 +462,13 @@ impl Dispatch {
             .as_str()
             .and_then(|t| t.parse::<Timestamp>().ok())
             .map_or(0, |t| t.as_millisecond());
+        let queue = if want == Want::Run {
+            self.observe.queued(&uid, object, name)
+        } else {
+            self.observe.forget(&uid);
+            tracing::Span::none()
+        };
+        let _queued = queue.enter();
         let pod_sets = if want == Want::Run {
             let generation = meta["generation"].as_i64().unwrap_or(0);
             let cache_key = (uid.clone(), generation);
@@ -619,7 +677,6 @@ impl Dispatch {
                 } => self.send(
                     &spoke,
                     pb::hub_message::Message::Offer(pb::Offer {
-                        run_id,
                         generation,
                         namespace: job.namespace,
                         name: job.name,
@@ -631,16 +688,21 @@ impl Dispatch {
                                 requests_milli: p.requests_milli.into_iter().collect(),
                             })
                             .collect(),
+                        trace_context: self.observe.offered(&run_id, &spoke, generation),
+                        run_id,
                     }),
                 ),
                 Action::Withdraw {
                     spoke,
                     run_id,
                     generation,
-                } => self.send(
-                    &spoke,
-                    pb::hub_message::Message::Withdraw(pb::Withdraw { run_id, generation }),
-                ),
+                } => {
+                    self.observe.withdrawn(&run_id, &spoke, generation);
+                    self.send(
+                        &spoke,
+                        pb::hub_message::Message::Withdraw(pb::Withdraw { run_id, generation }),
+                    )
+                }
                 Action::Stop {
                     spoke,
                     run_id,
@@ -702,6 +764,7 @@ impl Dispatch {
             Some(Box::new(move |ok| {
                 if let Some(this) = this {
                     if ok && let Some(spoke) = &placement.spoke {
+                        this.observe.placed(&uid, spoke, placement.generation);
                         let event = trainjob_event(
                             &job,
                             Some(&uid),
@@ -764,10 +827,13 @@ impl Dispatch {
                         .collect(),
                 }
             };
+            let span = this.observe.build(&run_id, &spoke, generation);
             let built = {
                 let this = this.clone();
                 let value = object.value.clone();
+                let span = span.clone();
                 tokio::task::spawn_blocking(move || {
+                    let _build = span.enter();
                     let (job, runtime, pipeline) = this.pipeline_for(&value)?;
                     let generation = value["metadata"]["generation"].as_i64().unwrap_or(0);
                     let uid = value["metadata"]["uid"].as_str().unwrap_or_default();
@@ -795,7 +861,7 @@ impl Dispatch {
                                 .unwrap_or_default()
                                 .to_string(),
                             objects_json,
-                            trace_context: Default::default(),
+                            trace_context: trainhub_telemetry::propagation::inject(&span),
                         }),
                     );
                 }
@@ -838,6 +904,7 @@ impl Dispatch {
                 .collect(),
         );
         let capacity = capacity_of(&hello.capacity);
+        self.observe.spoke_seen(spoke, &capacity, true);
         lock(&self.sessions).insert(
             spoke.to_string(),
             Session {
@@ -882,6 +949,7 @@ impl Dispatch {
             }
             Message::Heartbeat(hb) => {
                 let capacity = capacity_of(&hb.capacity);
+                self.observe.spoke_seen(spoke, &capacity, false);
                 if let Some(s) = lock(&self.sessions).get_mut(spoke) {
                     s.allocatable = capacity.iter().map(|(r, a, _)| (r.clone(), *a)).collect();
                 }
@@ -949,6 +1017,7 @@ impl Dispatch {
                 return;
             }
         };
+        self.observe.reported(&report.run_id, spoke);
         self.show_pods(spoke, &key, &report);
         let events: Vec<Value> = report
             .events_json
@@ -1075,12 +1144,15 @@ impl Dispatch {
             return Ok(());
         };
         let (job, _, pipeline) = self.pipeline_for(&object.value)?;
-        let Some(mapped) = pipeline
-            .status(&job, &observed)
+        let uid = object.value["metadata"]["uid"].as_str().unwrap_or_default();
+        let span = self.observe.status(uid);
+        let Some(mapped) = span
+            .in_scope(|| pipeline.status(&job, &observed))
             .map_err(|e| e.to_string())?
         else {
             return Ok(());
         };
+        self.observe.status_mapped(uid, &span, &mapped);
         let mapped = serde_json::to_value(&mapped).map_err(|e| e.to_string())?;
         let _ = self.writer.send(Write {
             merge: Some((store_key, mapped)),

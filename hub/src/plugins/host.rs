@@ -427,6 +427,14 @@ impl LoadedPlugin {
         store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
         store.epoch_deadline_trap();
 
+        let span = trainhub_telemetry::span!(
+            "plugin",
+            plugin.name = %self.id.name,
+            plugin.digest = %self.id.digest,
+            plugin.phase = phase.as_str(),
+            plugin.outcome = tracing::field::Empty,
+        );
+        let _entered = span.enter();
         let started = Instant::now();
         let result = self.pre.instantiate(&mut store).and_then(|instance| {
             instance
@@ -437,7 +445,7 @@ impl LoadedPlugin {
         if !output.is_empty() {
             tracing::info!(plugin = %self.id, %phase, output = %String::from_utf8_lossy(&output), "plugin wrote to stdio");
         }
-        result.map_err(|error| {
+        let result = result.map_err(|error| {
             if store.data().limiter.hit {
                 PluginError::OutOfMemory {
                     plugin: self.id.clone(),
@@ -465,7 +473,21 @@ impl LoadedPlugin {
                     message,
                 }
             }
-        })
+        });
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(PluginError::OutOfMemory { .. }) => "out-of-memory",
+            Err(PluginError::Timeout { .. }) => "timeout",
+            Err(_) => "trap",
+        };
+        span.record("plugin.outcome", outcome);
+        crate::metrics::hub().plugin_call(
+            &self.id.name,
+            phase.as_str(),
+            outcome,
+            started.elapsed(),
+        );
+        result
     }
 
     fn failed(&self, phase: Phase, failure: wit::Failure) -> PluginError {

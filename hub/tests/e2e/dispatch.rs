@@ -15,15 +15,7 @@ use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::Backend;
 use trainhub_spoke::backend::sim::SimBackend;
 
-use crate::common::{DevHub, tail};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::common::{DevHub, free_port, tail, wait_for};
 
 /// A spoke in this process: its backend outlives its agent.
 struct TestSpoke {
@@ -107,20 +99,15 @@ async fn eventually<T>(
     what: &str,
     hub: &DevHub,
     timeout: Duration,
-    mut check: impl FnMut() -> Option<T>,
+    check: impl FnMut() -> Option<T>,
 ) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; hub log:\n{}",
-            tail(&hub.log(), 60)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        what,
+        timeout,
+        || format!("hub log:\n{}", tail(&hub.log(), 60)),
+        check,
+    )
+    .await
 }
 
 fn trainjob_yaml(name: &str, selector: Option<&str>) -> String {

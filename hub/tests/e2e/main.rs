@@ -8,3 +8,4 @@ mod kube;
 mod kube_clients;
 mod kubectl;
 mod sdk;
+mod telemetry;

@@ -63,6 +63,11 @@ pub struct Server {
     garbage_collection: bool,
     /// Bumped by [`Server::close_watches`]; every open watch ends when it changes.
     watch_epoch: tokio::sync::watch::Sender<u64>,
+    /// Routes served without authentication (metrics), and routes for
+    /// authenticated callers (who are in the request's `UserInfo`
+    /// extension).
+    public_routes: Router,
+    authenticated_routes: Router,
 }
 
 /// Builds a [`Server`].
@@ -118,6 +123,16 @@ impl Builder {
         self.server.garbage_collection = enabled;
         self
     }
+
+    /// Routes of the embedding server: `public` ones are served without
+    /// authentication; `authenticated` ones after it, with the caller as an
+    /// `axum::Extension<UserInfo>` (their handlers authorize).
+    pub fn routes(mut self, public: Router, authenticated: Router) -> Self {
+        self.server.public_routes = public;
+        self.server.authenticated_routes = authenticated;
+        self
+    }
+
     pub fn build(self) -> Arc<Server> {
         Arc::new(self.server)
     }
@@ -139,6 +154,8 @@ impl Server {
                 bookmark_interval: Duration::from_secs(60),
                 garbage_collection: false,
                 watch_epoch: tokio::sync::watch::Sender::new(0),
+                public_routes: Router::new(),
+                authenticated_routes: Router::new(),
             },
         }
     }
@@ -186,6 +203,7 @@ impl Server {
             .route("/openapi/v3/{*path}", get(discovery::openapi_doc))
             .route("/api/{*rest}", axum::routing::any(handlers::core))
             .route("/apis/{*rest}", axum::routing::any(handlers::grouped))
+            .merge(self.authenticated_routes.clone().with_state(()))
             .fallback(handlers::not_found)
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
@@ -196,6 +214,7 @@ impl Server {
             .route("/livez", get(ok))
             .route("/readyz", get(ok))
             .route("/version", get(discovery::version))
+            .merge(self.public_routes.clone().with_state(()))
             .merge(authenticated)
             .with_state(self.clone())
     }

@@ -168,6 +168,13 @@ pub struct Offer {
     pub name: ::prost::alloc::string::String,
     #[prost(message, repeated, tag = "5")]
     pub pod_sets: ::prost::alloc::vec::Vec<PodSet>,
+    /// W3C trace context of this offer (`traceparent`, `tracestate`): the
+    /// spoke's admission span continues it. Empty when tracing is off.
+    #[prost(map = "string, string", tag = "6")]
+    pub trace_context: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        ::prost::alloc::string::String,
+    >,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -205,7 +212,9 @@ pub struct Start {
     pub trainjob_uid: ::prost::alloc::string::String,
     #[prost(string, repeated, tag = "6")]
     pub objects_json: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
-    /// W3C trace context of the TrainJob (`traceparent`, `tracestate`).
+    /// W3C trace context of the TrainJob's build (`traceparent`,
+    /// `tracestate`): the spoke's apply and run spans continue it, and the
+    /// run's processes get it as TRACEPARENT. Empty when tracing is off.
     #[prost(map = "string, string", tag = "7")]
     pub trace_context: ::std::collections::HashMap<
         ::prost::alloc::string::String,
@@ -335,7 +344,8 @@ pub mod spoke_client {
             self.inner = self.inner.max_encoding_message_size(limit);
             self
         }
-        /// The spoke's one stream. W3C trace context travels in metadata.
+        /// The spoke's one stream. W3C trace context travels per TrainJob in the
+        /// Offer and Start messages (one stream carries many TrainJobs).
         pub async fn session(
             &mut self,
             request: impl tonic::IntoStreamingRequest<Message = super::SpokeMessage>,
@@ -381,7 +391,8 @@ pub mod spoke_server {
             >
             + std::marker::Send
             + 'static;
-        /// The spoke's one stream. W3C trace context travels in metadata.
+        /// The spoke's one stream. W3C trace context travels per TrainJob in the
+        /// Offer and Start messages (one stream carries many TrainJobs).
         async fn session(
             &self,
             request: tonic::Request<tonic::Streaming<super::SpokeMessage>>,
