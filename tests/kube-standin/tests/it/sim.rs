@@ -249,15 +249,6 @@ async fn foreground_deletion_removes_jobs_and_pods_first() {
         );
     }
     crate::wait_deleted(&jobsets, "gone").await;
-    if tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        crate::wait_deleted(&jobsets, "gone"),
-    )
-    .await
-    .is_err()
-    {
-        panic!("{}", still.await);
-    }
     let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
     assert!(
         jobs.list(&ListParams::default())
