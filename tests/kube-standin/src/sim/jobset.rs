@@ -452,7 +452,7 @@ mod tests {
         assert_eq!((status[0].active, status[0].ready), (1, 1));
         let node = s
             .replicated_job("node")
-            .map(Clone::clone)
+            .cloned()
             .unwrap_or_else(|| panic!("node is a replicated job"));
         assert!(!dependencies_reached(&s, &node, &status));
 
