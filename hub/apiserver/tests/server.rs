@@ -300,7 +300,7 @@ async fn watch_replays_from_a_version_follows_and_filters() {
     assert!(events.iter().all(|e| e["type"] == "ADDED"));
 
     // From a's version with a selector: b is filtered out; a later change of
-    // a arrives live.
+    // a arrives live, as MODIFIED: a client resuming from a's version knows a.
     let uri = format!("{BASE}?watch=true&resourceVersion={rv}&labelSelector=app%3Da");
     let router = api.router.clone();
     let patcher = tokio::spawn(async move {
@@ -314,7 +314,7 @@ async fn watch_replays_from_a_version_follows_and_filters() {
         router.oneshot(req).await.unwrap().status()
     });
     let events = watch_events(&api, &uri, 1).await;
-    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["type"], "MODIFIED");
     assert_eq!(events[0]["object"]["spec"]["size"], 9);
     assert_eq!(patcher.await.unwrap(), StatusCode::OK);
 }

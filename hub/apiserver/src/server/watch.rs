@@ -84,6 +84,7 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
             format,
             visible: HashSet::new(),
             last_rv: since,
+            resumed: rv.is_some() && !send_initial,
         };
         for object in &initial {
             if !w
@@ -153,6 +154,9 @@ struct Writer {
     /// Keys the client currently sees (for selector transitions).
     visible: HashSet<Key>,
     last_rv: Rv,
+    /// Resumed from a resourceVersion: the client may know objects this
+    /// stream never sent, so their changes and deletions go out as such.
+    resumed: bool,
 }
 
 impl Writer {
@@ -174,13 +178,18 @@ impl Writer {
     /// Sends what the client must see of a change, given what it saw before.
     async fn send_state(&mut self, kind: EventType, key: &Key, value: &Value) -> bool {
         let matches = kind != EventType::Deleted && self.matches(key, value);
-        let was_visible = self.visible.contains(key);
+        // An object a resumed client may have listed, first seen here.
+        let was_visible = self.visible.contains(key)
+            || (self.resumed && kind != EventType::Added && self.matches(key, value));
         let sent_type = match (was_visible, matches) {
             (false, true) => {
                 self.visible.insert(key.clone());
                 "ADDED"
             }
-            (true, true) => "MODIFIED",
+            (true, true) => {
+                self.visible.insert(key.clone());
+                "MODIFIED"
+            }
             (true, false) => {
                 self.visible.remove(key);
                 "DELETED"

@@ -303,3 +303,14 @@ pub(super) fn failed_before(pods: &[Pod], pod: &Pod) -> usize {
         .filter(|p| completion_index(p) == index && phase(p) == "Failed")
         .count()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::compress_indexes;
+
+    #[test]
+    fn completed_indexes_as_ranges() {
+        assert_eq!(compress_indexes(&[0, 1, 2, 4, 6, 7].into()), "0-2,4,6-7");
+        assert_eq!(compress_indexes(&[].into()), "");
+    }
+}

@@ -418,3 +418,59 @@ fn build_job(js: &JobSet, rjob: &ReplicatedJob, name: &str, ids: &JobIds) -> Job
         status: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn spec(value: Value) -> JobSetSpec {
+        serde_json::from_value(value).unwrap_or_default()
+    }
+
+    fn job(rjob: &str, condition: Option<&str>, active: i32, ready: i32) -> Job {
+        let conditions: Vec<Value> = condition
+            .map(|c| vec![json!({"type": c, "status": "True"})])
+            .unwrap_or_default();
+        serde_json::from_value(json!({
+            "metadata": {"labels": {LABEL_REPLICATED_JOB_NAME: rjob}},
+            "spec": {"parallelism": 1, "completions": 1, "template": {}},
+            "status": {"active": active, "ready": ready, "conditions": conditions},
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn counts_and_policies_follow_the_jobset_controller() {
+        let s = spec(json!({"replicatedJobs": [
+            {"name": "init", "replicas": 1, "template": {}},
+            {"name": "node", "replicas": 2, "template": {},
+             "dependsOn": [{"name": "init", "status": "Complete"}]},
+        ]}));
+        let init_running = job("init", None, 1, 1);
+        let status = replicated_jobs_status(&s, &[&init_running]);
+        assert_eq!((status[0].active, status[0].ready), (1, 1));
+        let node = s
+            .replicated_job("node")
+            .cloned()
+            .unwrap_or_else(|| panic!("node is a replicated job"));
+        assert!(!dependencies_reached(&s, &node, &status));
+
+        let init_done = job("init", Some("Complete"), 0, 0);
+        let status = replicated_jobs_status(&s, &[&init_done]);
+        assert_eq!(status[0].succeeded, 1);
+        assert!(dependencies_reached(&s, &node, &status));
+
+        let n0 = job("node", Some("Complete"), 0, 0);
+        let n1 = job("node", None, 1, 0);
+        assert!(!success_policy_met(&s, &[&init_done, &n0, &n1]));
+        let n1 = job("node", Some("Complete"), 0, 0);
+        assert!(success_policy_met(&s, &[&init_done, &n0, &n1]));
+
+        let any = spec(json!({
+            "replicatedJobs": [{"name": "node", "replicas": 2, "template": {}}],
+            "successPolicy": {"operator": "Any", "targetReplicatedJobs": ["node"]},
+        }));
+        assert!(success_policy_met(&any, &[&n0]));
+    }
+}

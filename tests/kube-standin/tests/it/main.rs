@@ -1,5 +1,8 @@
 //! Integration tests of the stand-in, the simulator and the kmock wrapper.
 
+// Tests panic on what they did not expect.
+#![allow(clippy::unwrap_used)]
+
 mod kmock;
 mod sim;
 mod standin;

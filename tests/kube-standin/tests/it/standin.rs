@@ -117,8 +117,9 @@ async fn next<S>(stream: &mut S) -> WatchEvent<ConfigMap>
 where
     S: futures_util::Stream<Item = kube::Result<WatchEvent<ConfigMap>>> + Unpin,
 {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let event = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        let event = tokio::time::timeout_at(deadline, stream.next())
             .await
             .expect("no watch event within 10 s")
             .expect("the watch ended")

@@ -1,0 +1,198 @@
+"""kmock's KubernetesEmulator on 127.0.0.1, with only what it lacks for the
+spoke's kube backend tests:
+
+- resourceVersion (one counter) stamped on every write, plus uid and
+  creationTimestamp on creation;
+- list answers with that resourceVersion, kind/apiVersion, and equality
+  label selectors (`a=b`, `a!=b`, `a`, `!a`);
+- watch from a resourceVersion replays the writes after it (kmock itself
+  replays every object as ADDED on each watch);
+- server-side apply to a missing object creates it (kmock 404s a PATCH of a
+  missing object); apply itself stays kmock's dict merge (no field managers,
+  no conflicts);
+- `pods/log` answers the simulated log (kmock would answer the pod).
+
+Prints `PORT <n>` once serving; exits when stdin closes.
+"""
+
+import asyncio
+import copy
+import datetime
+import json
+import sys
+import uuid
+
+import kmock
+from kmock._internal import enums, rendering
+
+RESOURCES = [
+    'v1/namespaces', 'v1/nodes', 'v1/pods', 'v1/configmaps', 'v1/secrets', 'v1/services',
+    'v1/events', 'batch/v1/jobs', 'jobset.x-k8s.io/v1alpha2/jobsets',
+    'scheduling.x-k8s.io/v1alpha1/podgroups', 'scheduling.volcano.sh/v1beta1/podgroups',
+]
+KINDS = {
+    'namespaces': 'Namespace', 'nodes': 'Node', 'pods': 'Pod', 'configmaps': 'ConfigMap',
+    'secrets': 'Secret', 'services': 'Service', 'events': 'Event', 'jobs': 'Job',
+    'jobsets': 'JobSet', 'podgroups': 'PodGroup',
+}
+
+
+def now():
+    return datetime.datetime.now(tz=datetime.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+def selector_matches(selector, labels):
+    for term in filter(None, (t.strip() for t in selector.split(','))):
+        if '!=' in term:
+            k, v = term.split('!=', 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif '=' in term:
+            k, v = term.split('=', 1)
+            if labels.get(k.strip().rstrip('=')) != v.strip().lstrip('='):
+                return False
+        elif term.startswith('!'):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def pod_log(pod):
+    containers = pod.get('spec', {}).get('containers', [])
+    for env in (containers[0].get('env', []) if containers else []):
+        if env.get('name') == 'STANDIN_LOG' and 'value' in env:
+            text = env['value']
+            return text if text.endswith('\n') else text + '\n'
+    meta = pod.get('metadata', {})
+    name, node = meta.get('name', ''), pod.get('spec', {}).get('nodeName', '')
+    index = meta.get('annotations', {}).get('batch.kubernetes.io/job-completion-index', '0')
+    return f"pod {name} started on node {node}\npod {name}: completion index {index}\npod {name}: done\n"
+
+
+class Wrapped(kmock.KubernetesEmulator):
+    def __attrs_post_init__(self):
+        super().__attrs_post_init__()
+        self.rv = 0
+        self.history = []  # (rv, resource, {'type', 'object'})
+        for r in RESOURCES:
+            self.resources[r] = {}
+
+    def _next(self):
+        self.rv += 1
+        return str(self.rv)
+
+    async def _handle(self, request):
+        if request.resource is None:
+            return await super()._handle(request)
+        key = (request.resource, request.namespace, request.name)
+        data = request.data if isinstance(request.data, dict) else None
+        event = None
+        if request.action == enums.action.CREATE and data is not None:
+            meta = data.setdefault('metadata', {})
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), resourceVersion=self._next())
+            if request.namespace:
+                meta['namespace'] = request.namespace
+            event = 'ADDED'
+        elif request.action == enums.action.UPDATE and data is not None:
+            data.setdefault('metadata', {})['resourceVersion'] = self._next()
+            apply = request.headers.get('Content-Type', '').startswith('application/apply-patch')
+            missing = key not in self.objects or self.objects[key].deleted
+            if apply and missing:
+                data['metadata'].update(uid=str(uuid.uuid4()), creationTimestamp=now(),
+                                        name=request.name, namespace=request.namespace)
+                async with self._lock:
+                    if key in self.objects:
+                        self.objects[key].create(data)
+                    else:
+                        self.objects[key] = data
+                self._record('ADDED', request.resource, self.objects[key].raw)
+                return await self._respond(copy.deepcopy(self.objects[key].raw), 201)
+            event = 'MODIFIED'
+        elif request.action == enums.action.DELETE and request.name is not None:
+            event = 'DELETED'
+        elif request.action == enums.action.FETCH and request.subresource == 'log':
+            obj = self.objects[key] if key in self.objects else None
+            if obj is None or obj.deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            return await self._respond(pod_log(obj.raw), 200)
+        response = await super()._handle(request)
+        if event is not None and key[2] is None and data is not None:
+            key = (request.resource, request.namespace or data['metadata'].get('namespace'),
+                   data['metadata'].get('name'))
+        if event is not None and response.status < 300:
+            obj = self.objects[key] if key in self.objects else None
+            if obj is not None:
+                raw = copy.deepcopy(obj.last.raw if event == 'DELETED' else obj.raw)
+                if event == 'DELETED':
+                    raw.setdefault('metadata', {})['resourceVersion'] = self._next()
+                self._record(event, request.resource, raw)
+        return response
+
+    def _record(self, type_, resource, raw):
+        self.history.append((int(raw['metadata']['resourceVersion']), resource, {'type': type_, 'object': raw}))
+
+    async def _respond(self, payload, status):
+        import aiohttp.web
+        if isinstance(payload, str):
+            return aiohttp.web.Response(text=payload, status=status)
+        return aiohttp.web.json_response(payload, status=status)
+
+    async def _serve_list(self, request):
+        result = await super()._serve_list(request)
+        selector = request.params.get('labelSelector')
+        items = result['items']
+        if selector:
+            items = [o for o in items if selector_matches(selector, o.get('metadata', {}).get('labels') or {})]
+        plural = request.resource.plural
+        group_version = f"{request.resource.group}/{request.resource.version}".lstrip('/')
+        return {'apiVersion': group_version, 'kind': KINDS.get(plural, plural) + 'List',
+                'metadata': {'resourceVersion': str(self.rv)}, 'items': items}
+
+    async def _serve_watch(self, request):
+        since = request.params.get('resourceVersion')
+        selector = request.params.get('labelSelector') or ''
+        if not since or since == '0':
+            async for event in super()._serve_watch(request):
+                if isinstance(event, dict) and not selector_matches(selector, event['object'].get('metadata', {}).get('labels') or {}):
+                    continue
+                yield event
+            return
+        yield b''
+        since = int(since)
+        seen = since
+        bus = self._buses[request.resource]
+        for rv, resource, event in list(self.history):
+            if rv > since and resource == request.resource and self._wanted(request, event, selector):
+                seen = max(seen, rv)
+                yield event
+        async for event in bus:
+            rv = int(event.get('object', {}).get('metadata', {}).get('resourceVersion') or 0)
+            if rv > seen and self._wanted(request, event, selector):
+                yield event
+
+    def _wanted(self, request, event, selector):
+        meta = event['object'].get('metadata', {})
+        if request.namespace is not None and meta.get('namespace') != request.namespace:
+            return False
+        if request.name is not None and meta.get('name') != request.name:
+            return False
+        return selector_matches(selector, meta.get('labels') or {})
+
+
+async def main():
+    handler = Wrapped()
+    async with handler, kmock.Server(handler) as server:
+        print(f"PORT {server.port}", flush=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.read)
+
+
+if __name__ == '__main__':
+    try:
+        import kmock  # noqa: F811
+    except ImportError as e:
+        print(f"kmock is not importable: {e}", file=sys.stderr)
+        sys.exit(3)
+    asyncio.run(main())
