@@ -219,6 +219,22 @@ impl Drop for DevHub {
     }
 }
 
+/// The interpreter of the Python-driven tests, `TRAINHUB_PYTHON` (CI sets it
+/// to its virtualenv) or `python3`, once `import MODULES` works with it;
+/// `pip` is what to install when it does not.
+pub fn python_with(modules: &str, pip: &str) -> String {
+    let python = std::env::var("TRAINHUB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let importable = Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        importable,
+        "`import {modules}` fails with {python}: `pip install {pip}` (or set TRAINHUB_PYTHON)"
+    );
+    python
+}
+
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")

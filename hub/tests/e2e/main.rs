@@ -1,9 +1,11 @@
 //! End-to-end tests: the real `trainhub` binary driven by real clients
-//! (kubectl, kube-rs, the Kubeflow Python SDK).
+//! (kubectl, kube-rs, the Kubeflow Python SDK), and the packaging that
+//! starts them (Helm charts, Dockerfiles).
 #![allow(clippy::unwrap_used)]
 
 mod common;
 mod dispatch;
 mod kube_clients;
 mod kubectl;
+mod packaging;
 mod sdk;
