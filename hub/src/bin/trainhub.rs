@@ -98,6 +98,10 @@ fn main() -> ExitCode {
                     spoke_ca: args.spoke_ca_file,
                     dispatch: args.dispatch.config(),
                 })?;
+                // As an upstream install ships them: the built-in runtimes
+                // (created when absent) and the ConfigMap the Kubeflow SDK
+                // reads the trainer version from, which no client may write.
+                hub.install(trainhub::hub::default_objects()?).await?;
                 hub.serve(|_| {}, shutdown_signal()).await
             }
         }
