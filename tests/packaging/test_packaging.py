@@ -364,6 +364,7 @@ class ChartTest(unittest.TestCase):
             ("trainhub", {"dispatch": {"mode": "round-robin"}}, "/dispatch/mode"),
             ("trainhub", {"plugins": {"enabled": True}}, "plugins.volume"),
             ("trainhub", {"persistence": {"sise": "1Gi"}}, "sise"),
+            ("trainhub", {"auth": {"tokens": {"existingSecret": ""}}}, "auth.tokens.existingSecret"),
         ]
         for chart, values, named in wrong:
             with self.subTest(chart=chart, values=values):
