@@ -15,16 +15,25 @@ that each Dockerfile builds a binary of the workspace as a non-root user.
 
 The binaries' flags come from `BIN --help` when TRAINHUB_BIN and TRAINSPOKE_BIN name built
 binaries (the Rust wrapper, hub/tests/e2e/packaging.rs, sets them), else from the clap
-definitions in the sources.
+definitions in the sources. With both binaries, the rendered hub and (process-backend) spoke
+Deployments are also run as local processes with their args: the hub must serve with the
+built-in runtimes installed and the spoke must join it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
+import ssl
 import subprocess
 import sys
+import tempfile
+import time
 import unittest
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import helm_python as helm
@@ -466,6 +475,133 @@ class BinaryFlagsTest(unittest.TestCase):
                 self.assertEqual(flags.check(container["args"]), [], flags.source)
                 for required in ("hub", "ca", "cert", "key", "http-address"):
                     self.assertTrue(any(a.startswith(f"--{required}=") for a in container["args"]), required)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, *, ca: Path | None = None, token: str | None = None) -> tuple[int, bytes]:
+    context = ssl.create_default_context(cafile=str(ca)) if ca else None
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+        return 0, b""
+
+
+class Pod:
+    """A rendered Deployment's container run as a local process: each volume mount is a
+    directory under `root` filled with `files` (mount path -> {name: content}), every mount
+    path in the args points there, and `listen` maps container ports to local ones."""
+
+    def __init__(self, binary: Path, deployment: dict, root: Path, files: dict, rewrite: dict, env: dict):
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        args = list(container["args"])
+        mounts = sorted((m["mountPath"] for m in container["volumeMounts"]), key=len, reverse=True)
+        for mount in mounts:
+            (root / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            for name, content in files.get(mount, {}).items():
+                (root / mount.lstrip("/") / name).write_bytes(content)
+        for old, new in rewrite.items():
+            args = [a.replace(old, new) for a in args]
+        def local(arg: str) -> str:
+            flag, eq, value = arg.partition("=")
+            mount = next((m for m in mounts if value == m or value.startswith(m + "/")), None)
+            return f"{flag}={root}{value}" if eq and mount else arg
+
+        args = [local(a) for a in args]
+        self.args = args
+        self.log = open(root / "log", "w+b")
+        pod_env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        self.process = subprocess.Popen([binary, *args], stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **pod_env, **env})
+
+    def wait_until(self, what: str, ready, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"exited with {self.process.returncode} before {what}: {self.output()}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"not {what} after {seconds} s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+@unittest.skipUnless(os.environ.get("TRAINHUB_BIN") and os.environ.get("TRAINSPOKE_BIN"), "needs the built binaries (TRAINHUB_BIN, TRAINSPOKE_BIN)")
+class StartTest(unittest.TestCase):
+    """The rendered hub and spoke Deployments, run as local processes with their args and env:
+    the hub serves and has installed the built-in runtimes, the spoke connects to it."""
+
+    def test_the_rendered_deployments_start_and_the_spoke_joins_the_hub(self):
+        trainhub = Path(os.environ["TRAINHUB_BIN"])
+        trainctl = trainhub.with_name("trainctl")
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            pki = tmp / "pki"
+            for args in (["init"], ["hub", "--ip", "127.0.0.1"], ["spoke", "gpu-east"]):
+                subprocess.run([trainctl, "certs", *args, "--dir", pki], check=True, capture_output=True)
+            read = lambda name: (pki / name).read_bytes()
+            token = "packaging-test-token"
+            api, grpc, http = free_port(), free_port(), free_port()
+
+            (hub_deployment,) = [o for _, o in render("trainhub", {}) if o["kind"] == "Deployment"]
+            hub = Pod(
+                trainhub, hub_deployment, tmp / "hub",
+                {
+                    "/etc/trainhub/tls": {"tls.crt": read("hub.crt"), "tls.key": read("hub.key"), "ca.crt": read("ca.crt")},
+                    "/etc/trainhub/tokens": {"tokens.csv": f'{token},admin,admin,"trainhub:admins"\n'.encode()},
+                },
+                {"0.0.0.0:6443": f"127.0.0.1:{api}", "0.0.0.0:6444": f"127.0.0.1:{grpc}"},
+                {k: v for k, v in os.environ.items() if k == "TRAINHUB_PLUGIN_CACHE_DIR"},
+            )
+            spoke = None
+            try:
+                # A cold plugin cache means compiling the built-ins first.
+                hub.wait_until("ready", lambda: get(f"https://127.0.0.1:{api}/readyz", ca=pki / "ca.crt")[0] == 200, 240)
+                status, body = get(
+                    f"https://127.0.0.1:{api}/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+                    ca=pki / "ca.crt", token=token,
+                )
+                self.assertEqual(status, 200, body)
+                names = {i["metadata"]["name"] for i in json.loads(body)["items"]}
+                self.assertIn("torch-distributed", names, "trainhub serve installs the built-in runtimes")
+
+                values = merge(CHARTS_UNDER_TEST["trainspoke"]["required"], yaml.safe_load((CHARTS / "trainspoke/ci/process-backend-values.yaml").read_text()))
+                (spoke_deployment,) = [o for _, o in render("trainspoke", values) if o["kind"] == "Deployment"]
+                spoke = Pod(
+                    Path(os.environ["TRAINSPOKE_BIN"]), spoke_deployment, tmp / "spoke",
+                    {
+                        "/etc/trainspoke/tls": {"tls.crt": read("gpu-east.crt"), "tls.key": read("gpu-east.key")},
+                        "/etc/trainspoke/ca": {"ca.crt": read("ca.crt")},
+                    },
+                    {values["hub"]["address"]: f"https://127.0.0.1:{grpc}", "0.0.0.0:8080": f"127.0.0.1:{http}"},
+                    {},
+                )
+                spoke.wait_until("connected to the hub (/readyz)", lambda: get(f"http://127.0.0.1:{http}/readyz")[0] == 200, 60)
+                status, metrics = get(f"http://127.0.0.1:{http}/metrics")
+                self.assertEqual(status, 200)
+            finally:
+                if spoke:
+                    spoke.stop()
+                hub.stop()
 
 
 class DockerfileTest(unittest.TestCase):

@@ -14,7 +14,7 @@ pub fn upstream_dir() -> PathBuf {
 }
 
 /// Compiled plugins are cached across the tests' hubs.
-fn plugin_cache() -> PathBuf {
+pub fn plugin_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-plugin-cache")
 }
 

@@ -1,12 +1,13 @@
 //! The Helm charts, the install manifests and the Dockerfiles
 //! (`tests/packaging/test_packaging.py`), checked against the binaries this
 //! build produced: the charts' Deployments must pass flags that `trainhub
-//! serve` and `trainspoke` accept.
+//! serve` and `trainspoke` accept, and, run as local processes with their
+//! args, the hub must serve and the spoke join it.
 
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::python_with;
+use crate::common::{plugin_cache, python_with};
 
 #[test]
 fn helm_charts_render_lint_validate_and_start_the_built_binaries() {
@@ -20,9 +21,11 @@ fn helm_charts_render_lint_validate_and_start_the_built_binaries() {
     let trainhub = Path::new(env!("CARGO_BIN_EXE_trainhub"));
     let mut cmd = Command::new(&python);
     cmd.arg(root.join("tests/packaging/test_packaging.py"))
-        .env("TRAINHUB_BIN", trainhub);
+        .env("TRAINHUB_BIN", trainhub)
+        .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache());
     // `cargo test --workspace` builds trainspoke beside trainhub; with
-    // `-p trainhub` alone the test reads the spoke's clap definitions.
+    // `-p trainhub` alone the test reads the spoke's clap definitions and
+    // starts nothing.
     let trainspoke = trainhub.with_file_name("trainspoke");
     if trainspoke.exists() {
         cmd.env("TRAINSPOKE_BIN", &trainspoke);
