@@ -124,8 +124,10 @@ def install_manifest(chart: str) -> str:
         f"# Generated from charts/{chart} (release {chart}, namespace {namespace}) by\n"
         f"# `{REGENERATE}`; do not edit.\n"
     )
-    if chart == "trainspoke":
-        header += "# Set --hub to your hub's gRPC endpoint and create Secret trainspoke-tls first (docs/install.md).\n"
+    header += {
+        "trainhub": "# Create Secrets trainhub-tls and trainhub-tokens first, and set the image (docs/install.md).\n",
+        "trainspoke": "# Set --hub to your hub's gRPC endpoint, create Secret trainspoke-tls first, and set the\n# image (docs/install.md).\n",
+    }[chart]
     body = "---\n".join(yaml.safe_dump(o, sort_keys=False, width=100) for o in objects)
     return header + "---\n" + body
 
