@@ -7,5 +7,5 @@ mod common;
 mod dispatch;
 mod kube_clients;
 mod kubectl;
-mod packaging;
+mod charts;
 mod sdk;

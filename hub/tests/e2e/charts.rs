@@ -1,5 +1,5 @@
 //! The Helm charts, the install manifests and the Dockerfiles
-//! (`tests/packaging/test_packaging.py`), checked against the binaries this
+//! (`tests/charts/test_charts.py`), checked against the binaries this
 //! build produced: the charts' Deployments must pass flags that `trainhub
 //! serve` and `trainspoke` accept, and, run as local processes with their
 //! args, the hub must serve and the spoke join it.
@@ -20,7 +20,7 @@ fn helm_charts_render_lint_validate_and_start_the_built_binaries() {
         .expect("hub/ is inside the workspace");
     let trainhub = Path::new(env!("CARGO_BIN_EXE_trainhub"));
     let mut cmd = Command::new(&python);
-    cmd.arg(root.join("tests/packaging/test_packaging.py"))
+    cmd.arg(root.join("tests/charts/test_charts.py"))
         .env("TRAINHUB_BIN", trainhub)
         .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache());
     // `cargo test --workspace` builds trainspoke beside trainhub; with
@@ -33,7 +33,7 @@ fn helm_charts_render_lint_validate_and_start_the_built_binaries() {
     let out = cmd.output().expect("running python");
     assert!(
         out.status.success(),
-        "tests/packaging/test_packaging.py failed:\n{}{}",
+        "tests/charts/test_charts.py failed:\n{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
