@@ -24,6 +24,8 @@ must join it (skipped while the spoke's args use announced flags it does not def
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import re
@@ -102,7 +104,14 @@ def cases(chart: str) -> list[tuple[str, dict]]:
 
 
 def render(chart: str, values: dict | None) -> list[tuple[str, dict]]:
-    """(template, object) of every rendered object, NOTES.txt left out."""
+    """(template, object) of every rendered object, NOTES.txt left out (fresh copies: callers may
+    change them)."""
+    return copy.deepcopy(_render(chart, json.dumps(values, sort_keys=True)))
+
+
+@functools.cache
+def _render(chart: str, values_json: str) -> list[tuple[str, dict]]:
+    values = json.loads(values_json)
     with helm.Chart.load(str(CHARTS / chart)) as loaded:
         manifests = loaded.render(
             values, name=chart, namespace=CHARTS_UNDER_TEST[chart]["namespace"], is_install=True

@@ -1,8 +1,8 @@
 //! The Helm charts, the install manifests and the Dockerfiles
-//! (`tests/charts/test_charts.py`), checked against the binaries this
-//! build produced: the charts' Deployments must pass flags that `trainhub
-//! serve` and `trainspoke` accept, and, run as local processes with their
-//! args, the hub must serve and the spoke join it.
+//! (`tests/charts/test_charts.py`): rendered with Helm, linted, validated;
+//! the Deployments' flags checked against the clap definitions; and, run as
+//! local processes with the binaries this build produced, the hub must serve
+//! and the spoke join it.
 
 use std::path::Path;
 use std::process::Command;
