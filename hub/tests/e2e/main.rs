@@ -3,9 +3,9 @@
 //! starts them (Helm charts, Dockerfiles).
 #![allow(clippy::unwrap_used)]
 
+mod charts;
 mod common;
 mod dispatch;
 mod kube_clients;
 mod kubectl;
-mod charts;
 mod sdk;
