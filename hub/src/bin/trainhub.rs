@@ -103,6 +103,10 @@ fn main() -> ExitCode {
                     dispatch: args.dispatch.config(),
                     event_ttl: args.event_ttl,
                 })?;
+                // As an upstream install ships them: the built-in runtimes
+                // (created when absent) and the ConfigMap the Kubeflow SDK
+                // reads the trainer version from, which no client may write.
+                hub.install(trainhub::hub::default_objects()?).await?;
                 hub.serve(|_| {}, shutdown_signal()).await
             }
         }

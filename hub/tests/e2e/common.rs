@@ -14,7 +14,7 @@ pub fn upstream_dir() -> PathBuf {
 }
 
 /// Compiled plugins are cached across the tests' hubs.
-fn plugin_cache() -> PathBuf {
+pub fn plugin_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-plugin-cache")
 }
 
@@ -217,6 +217,22 @@ impl Drop for DevHub {
     fn drop(&mut self) {
         self.signal("-KILL");
     }
+}
+
+/// The interpreter of the Python-driven tests, `TRAINHUB_PYTHON` (CI sets it
+/// to its virtualenv) or `python3`, once `import MODULES` works with it;
+/// `pip` is what to install when it does not.
+pub fn python_with(modules: &str, pip: &str) -> String {
+    let python = std::env::var("TRAINHUB_PYTHON").unwrap_or_else(|_| "python3".into());
+    let importable = Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        importable,
+        "`import {modules}` fails with {python}: `pip install {pip}` (or set TRAINHUB_PYTHON)"
+    );
+    python
 }
 
 pub fn tail(text: &str, lines: usize) -> String {

@@ -1,7 +1,9 @@
 //! End-to-end tests: the real `trainhub` binary driven by real clients
-//! (kubectl, kube-rs, the Kubeflow Python SDK).
+//! (kubectl, kube-rs, the Kubeflow Python SDK), and the packaging that
+//! starts them (Helm charts, Dockerfiles).
 #![allow(clippy::unwrap_used)]
 
+mod charts;
 mod common;
 mod dispatch;
 mod kube;

@@ -6,28 +6,14 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::common::{DevHub, tail};
-
-/// The interpreter with the SDK installed: `TRAINHUB_PYTHON` (CI sets it to
-/// its virtualenv) or `python3`.
-fn python() -> String {
-    std::env::var("TRAINHUB_PYTHON").unwrap_or_else(|_| "python3".into())
-}
+use crate::common::{DevHub, python_with, tail};
 
 #[test]
 fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
-    let has_sdk = Command::new(python())
-        .args(["-c", "import kubeflow.trainer"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_sdk,
-        "the Kubeflow SDK is not installed for {}: `pip install kubeflow` (or set TRAINHUB_PYTHON)",
-        python()
-    );
+    let python = python_with("kubeflow.trainer", "kubeflow");
     // The SDK's CustomTrainer runs its function with `python`: the spokes
     // run it with the interpreter the SDK is installed for.
-    let interpreter = Command::new(python())
+    let interpreter = Command::new(&python)
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
         .expect("python");
@@ -52,7 +38,7 @@ fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
     );
     let hub = DevHub::start_env(&["--spokes", "2"], &[("PATH", path)], |_| {});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk.py");
-    let out = Command::new(python())
+    let out = Command::new(&python)
         .arg(script)
         .arg(hub.kubeconfig())
         .output()
