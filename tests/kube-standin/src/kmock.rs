@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 use kube::api::PostParams;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -96,7 +96,15 @@ impl Kmock {
             child,
             _dir: dir,
         };
-        let nodes: Api<Node> = Api::all(kmock.client().await?);
+        let client = kmock.client().await?;
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        for ns in &config.namespaces {
+            let object: Namespace = serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}
+            }))?;
+            namespaces.create(&PostParams::default(), &object).await?;
+        }
+        let nodes: Api<Node> = Api::all(client);
         for node in &config.nodes {
             let object: Node = serde_json::from_value(node.to_node())?;
             nodes.create(&PostParams::default(), &object).await?;

@@ -10,7 +10,11 @@ spoke's kube backend tests:
 - server-side apply to a missing object creates it (kmock 404s a PATCH of a
   missing object); apply itself stays kmock's dict merge (no field managers,
   no conflicts);
-- `pods/log` answers the simulated log (kmock would answer the pod).
+- `pods/log` answers the simulated log, honouring `tailLines` (kmock would
+  answer the pod);
+- error Statuses carry kube-apiserver's reasons (`NotFound`, `AlreadyExists`);
+- `/api/v1/namespaces[/NAME]` is the Namespace resource (kmock reads it as a
+  namespace prefix with no resource).
 
 Prints `PORT <n>` once serving; exits when stdin closes.
 """
@@ -23,7 +27,7 @@ import sys
 import uuid
 
 import kmock
-from kmock._internal import enums, rendering
+from kmock._internal import enums, parsing, rendering
 
 RESOURCES = [
     'v1/namespaces', 'v1/nodes', 'v1/pods', 'v1/configmaps', 'v1/secrets', 'v1/services',
@@ -71,6 +75,23 @@ def pod_log(pod):
     return f"pod {name} started on node {node}\npod {name}: completion index {index}\npod {name}: done\n"
 
 
+def parse_path(path):
+    """kmock reads `/api/v1/namespaces[/NAME[/SUB]]` as a namespace with no
+    resource (and fails on the bare collection); read it as the Namespace
+    resource, as kube-apiserver does."""
+    parts = path.strip('/').split('/')
+    namespace_path = len(parts) in (3, 4) or (len(parts) == 5 and parts[4] in ('status', 'finalize'))
+    if parts[:1] == ['api'] and namespace_path and parts[2] == 'namespaces':
+        return parsing.ParsedPath(group='', version=parts[1], plural='namespaces',
+                                  name=parts[3] if len(parts) > 3 else None,
+                                  subresource=parts[4] if len(parts) > 4 else None)
+    return kmock_parse_path(path)
+
+
+kmock_parse_path = parsing.parse_path
+parsing.parse_path = parse_path
+
+
 class Wrapped(kmock.KubernetesEmulator):
     def __attrs_post_init__(self):
         super().__attrs_post_init__()
@@ -116,7 +137,12 @@ class Wrapped(kmock.KubernetesEmulator):
             obj = self.objects[key] if key in self.objects else None
             if obj is None or obj.deleted:
                 raise kmock.KubernetesObjectNotFoundError()
-            return await self._respond(pod_log(obj.raw), 200)
+            text = pod_log(obj.raw)
+            tail = request.params.get('tailLines')
+            if tail is not None and tail.isdigit():
+                lines = text.splitlines(keepends=True)
+                text = ''.join(lines[len(lines) - min(int(tail), len(lines)):])
+            return await self._respond(text, 200)
         response = await super()._handle(request)
         if event is not None and key[2] is None and data is not None:
             key = (request.resource, request.namespace or data['metadata'].get('namespace'),
@@ -129,6 +155,17 @@ class Wrapped(kmock.KubernetesEmulator):
                     raw.setdefault('metadata', {})['resourceVersion'] = self._next()
                 self._record(event, request.resource, raw)
         return response
+
+    async def _render_error(self, exc):
+        # Status reasons as kube-apiserver names them (clients branch on
+        # them: kube-rs's get_opt reads `NotFound`); kmock words them freely.
+        reasons = {404: 'NotFound', 409: 'AlreadyExists', 422: 'Invalid'}
+        if isinstance(exc, kmock.KubernetesError) and exc.status in reasons:
+            return await self._respond({
+                'apiVersion': 'v1', 'kind': 'Status', 'metadata': {}, 'status': 'Failure',
+                'code': exc.status, 'reason': reasons[exc.status],
+                'message': exc.message or repr(exc)}, exc.status)
+        return await super()._render_error(exc)
 
     def _record(self, type_, resource, raw):
         self.history.append((int(raw['metadata']['resourceVersion']), resource, {'type': type_, 'object': raw}))
