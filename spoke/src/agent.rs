@@ -246,30 +246,38 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
 
     let (tx, rx) = mpsc::unbounded_channel();
     let backend = &shared.backend;
-    let held = backend.runs();
-    let _ = tx.send(pb::SpokeMessage {
-        message: Some(pb::spoke_message::Message::Hello(pb::Hello {
-            labels: config.labels.clone().into_iter().collect(),
-            backend: backend.kind().to_string(),
-            capacity: capacity(backend.as_ref()),
-            runs: held
-                .iter()
-                .map(|r| pb::RunRef {
-                    run_id: r.key.run_id.clone(),
-                    generation: r.key.generation,
-                    finished: r.finished,
-                })
-                .collect(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        })),
-    });
-    for run in &held {
-        if let Some(report) = backend.report(&run.key) {
-            let _ = tx.send(shared.report_message(&report));
+    // The snapshot of the held runs and the switch to this session happen
+    // under one lock: a report the backend makes meanwhile waits for the
+    // forwarder, then follows the snapshot on this session (not dropped as
+    // if still disconnected, which would lose a run that finished just now).
+    let held = {
+        let mut current = lock(&shared.current);
+        let held = backend.runs();
+        let _ = tx.send(pb::SpokeMessage {
+            message: Some(pb::spoke_message::Message::Hello(pb::Hello {
+                labels: config.labels.clone().into_iter().collect(),
+                backend: backend.kind().to_string(),
+                capacity: capacity(backend.as_ref()),
+                runs: held
+                    .iter()
+                    .map(|r| pb::RunRef {
+                        run_id: r.key.run_id.clone(),
+                        generation: r.key.generation,
+                        finished: r.finished,
+                    })
+                    .collect(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })),
+        });
+        for run in &held {
+            if let Some(report) = backend.report(&run.key) {
+                let _ = tx.send(shared.report_message(&report));
+            }
         }
-    }
+        *current = Some(tx.clone());
+        held
+    };
     let response = client.session(UnboundedReceiverStream::new(rx)).await?;
-    *lock(&shared.current) = Some(tx.clone());
     metrics::spoke().connected.set(1);
     tracing::info!(hub = %config.hub_url, runs = held.len(), "connected to the hub");
     let _heartbeat = {
