@@ -1,7 +1,7 @@
 //! The hub with spokes on the Kubernetes backend, each against its own
 //! stand-in API server with the simulator playing the cluster: the JobSet a
 //! TrainJob becomes in the spoke's cluster, its status back at the hub,
-//! deletion, and gang admission against the nodes.
+//! deletion, failure, the MPI objects, and gang admission against the nodes.
 
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -130,10 +130,14 @@ impl KubeSpoke {
     }
 
     async fn jobset(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.object(Kind::JobSet, namespace, name).await
+    }
+
+    async fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.standin.client().await.unwrap(),
             namespace,
-            &Kind::JobSet.api_resource(),
+            &kind.api_resource(),
         );
         api.get_opt(name)
             .await
@@ -350,4 +354,94 @@ async fn a_gang_that_fits_no_node_of_a_spoke_lands_on_one_that_can_hold_it() {
     );
     narrow.shutdown().await;
     wide.shutdown().await;
+}
+
+const MPI: &str = r#"
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: mpi
+spec:
+  runtimeRef:
+    name: deepspeed-distributed
+  trainer:
+    numNodes: 2
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mpi_trainjob_brings_its_hostfile_and_ssh_secret_to_the_spoke() {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    hub.kubectl_stdin(&["apply", "-f", "-"], Some(MPI));
+    let (h, s) = (&hub, &spoke);
+    let jobset = eventually("the JobSet in the spoke's cluster", h, move || {
+        s.jobset("default", "mpi")
+    })
+    .await;
+    let hostfile = spoke
+        .object(Kind::ConfigMap, "default", "mpi-mpi-hostfile")
+        .await
+        .expect("the hostfile ConfigMap");
+    let lines: Vec<&str> = hostfile["data"]["hostfile"]
+        .as_str()
+        .expect("data.hostfile")
+        .lines()
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per node: {lines:?}");
+    assert!(lines.iter().all(|l| l.contains("slots=")), "{lines:?}");
+    let secret = spoke
+        .object(Kind::Secret, "default", "mpi-mpi-ssh-auth")
+        .await
+        .expect("the SSH Secret");
+    assert_eq!(secret["type"], "kubernetes.io/ssh-auth");
+    assert!(secret["data"]["ssh-privatekey"].is_string(), "{secret:#}");
+    assert!(secret["data"]["ssh-publickey"].is_string(), "{secret:#}");
+    // Both belong to the JobSet, so they go with it.
+    for owned in [&hostfile, &secret] {
+        let owner = &owned["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "JobSet", "{owned:#}");
+        assert_eq!(owner["uid"], jobset["metadata"]["uid"], "{owned:#}");
+    }
+    eventually("the TrainJob Complete", h, move || async move {
+        trainjob(h, "mpi").filter(|t| condition_true(t, "Complete"))
+    })
+    .await;
+    spoke.shutdown().await;
+}
+
+const FAILING: &str = r#"
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: failing
+spec:
+  runtimeRef:
+    name: torch-distributed
+  trainer:
+    numNodes: 2
+    command: ["torchrun", "train.py"]
+    env:
+      - name: STANDIN_EXIT_CODE
+        value: "3"
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_failing_past_the_jobsets_restarts_fails_the_trainjob() {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    hub.kubectl_stdin(&["apply", "-f", "-"], Some(FAILING));
+    let h = &hub;
+    let failed = eventually("the TrainJob Failed", h, move || async move {
+        trainjob(h, "failing").filter(|t| condition_true(t, "Failed"))
+    })
+    .await;
+    assert!(!condition_true(&failed, "Complete"), "{failed:#}");
+    let jobs = failed["status"]["jobsStatus"].as_array().unwrap();
+    let node = jobs.iter().find(|j| j["name"] == "node").unwrap();
+    assert!(node["failed"].as_i64().unwrap_or(0) >= 1, "{jobs:?}");
+    spoke.shutdown().await;
 }
