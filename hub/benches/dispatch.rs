@@ -4,8 +4,9 @@
 //! through the REST API by C concurrent clients.
 //!
 //! `cargo bench -p trainhub --bench dispatch -- [--spokes S] [--jobs T]
-//! [--concurrency C] [--rate R] [--incremental]` (defaults: 50 spokes,
-//! 10000 jobs, 32 clients, as fast as they go, AllAtOnce). With `--rate`,
+//! [--concurrency C] [--rate R] [--incremental] [--fanout F]` (defaults: 50
+//! spokes, 10000 jobs, 32 clients, as fast as they go, AllAtOnce to every
+//! spoke; `--fanout F` offers each TrainJob to at most F spokes at once). With `--rate`,
 //! creates are paced at R per second (open loop, as long as C clients keep
 //! up), to measure latency at a given load rather than at saturation.
 //! Latency is from the start of a TrainJob's create request to the moment
@@ -50,6 +51,7 @@ fn main() {
     let concurrency = arg("--concurrency", 32);
     let rate = arg("--rate", 0);
     let incremental = std::env::args().any(|a| a == "--incremental");
+    let fanout = arg("--fanout", 0);
     let otlp = std::env::args().any(|a| a == "--otlp");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -68,7 +70,7 @@ fn main() {
         !otlp || trainhub_telemetry::tracing_enabled(),
         "--otlp: the exporter is not installed"
     );
-    runtime.block_on(run(spokes, jobs, concurrency, rate, incremental));
+    runtime.block_on(run(spokes, jobs, concurrency, rate, incremental, fanout));
     if let (Some(mut telemetry), Some(sink)) = (telemetry, sink) {
         telemetry.shutdown();
         println!(
@@ -148,7 +150,14 @@ fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-async fn run(spokes: usize, jobs: usize, concurrency: usize, rate: usize, incremental: bool) {
+async fn run(
+    spokes: usize,
+    jobs: usize,
+    concurrency: usize,
+    rate: usize,
+    incremental: bool,
+    fanout: usize,
+) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
     let mode = if incremental {
@@ -174,6 +183,7 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, rate: usize, increm
         dispatch: DispatchConfig {
             core: core::Config {
                 mode,
+                fanout,
                 ..core::Config::default()
             },
             ..DispatchConfig::default()
@@ -301,10 +311,10 @@ async fn run(spokes: usize, jobs: usize, concurrency: usize, rate: usize, increm
     };
     println!(
         "dispatch: {jobs} TrainJobs (2 pods each), {spokes} simulated spokes over gRPC + mTLS, {concurrency} concurrent REST clients ({offered}), {}",
-        if incremental {
-            "Incremental"
-        } else {
-            "AllAtOnce"
+        match (incremental, fanout) {
+            (true, _) => "Incremental".to_string(),
+            (false, 0) => "AllAtOnce to every spoke".to_string(),
+            (false, f) => format!("AllAtOnce, fan-out {f}"),
         }
     );
     println!(

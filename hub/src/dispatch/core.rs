@@ -110,6 +110,11 @@ pub struct Config {
     /// A spoke that refused an offer is asked again after this long (or as
     /// soon as its free capacity grows).
     pub retry_ms: Millis,
+    /// AllAtOnce: at most this many offers of one TrainJob pending at once
+    /// (a refusal frees a place), to the eligible spokes with the most room
+    /// for it first, taking turns among equals; 0 offers to every eligible
+    /// spoke, as MultiKueue does.
+    pub fanout: usize,
 }
 
 impl Default for Config {
@@ -118,6 +123,7 @@ impl Default for Config {
             mode: Mode::AllAtOnce,
             worker_lost_timeout_ms: 15 * 60 * 1000,
             retry_ms: 10_000,
+            fanout: 0,
         }
     }
 }
@@ -252,6 +258,9 @@ pub struct Dispatcher {
     /// Queued jobs in dispatch order.
     queue: BTreeSet<QueueKey>,
     spokes: BTreeMap<String, Spoke>,
+    /// Advances with every nomination, so that spokes with equal room take
+    /// turns at the head of a limited fan-out.
+    turn: usize,
 }
 
 impl Dispatcher {
@@ -262,6 +271,7 @@ impl Dispatcher {
             by_uid: HashMap::new(),
             queue: BTreeSet::new(),
             spokes: BTreeMap::new(),
+            turn: 0,
         }
     }
 
@@ -730,9 +740,16 @@ impl Dispatcher {
         actions
     }
 
-    /// Offers one queued job to more spokes, within its quota: connected,
-    /// matching its selector, with room for the whole gang now.
+    /// Offers one queued job to more spokes, within its quota (or its
+    /// fan-out): connected, matching its selector, with room for the whole
+    /// gang now.
     fn nominate(&mut self, key: &JobKey, _now: Millis) -> Vec<Action> {
+        let fanout = match self.config.mode {
+            Mode::AllAtOnce if self.config.fanout > 0 => Some(self.config.fanout),
+            _ => None,
+        };
+        let turn = self.turn;
+        self.turn = self.turn.wrapping_add(1);
         let Some(job) = self.jobs.get_mut(key) else {
             return Vec::new();
         };
@@ -740,23 +757,39 @@ impl Dispatcher {
             return Vec::new();
         };
         let demand = gang_total(&job.info.pod_sets);
+        let mut eligible: Vec<(&String, &Spoke)> = self
+            .spokes
+            .iter()
+            .filter(|(name, spoke)| {
+                spoke.disconnected_at.is_none()
+                    && !offers.contains_key(*name)
+                    && spoke.could_ever_fit(&demand)
+                    && spoke.fits_now(&demand)
+                    && job
+                        .info
+                        .selector
+                        .as_ref()
+                        .is_none_or(|s| s.matches(Some(&spoke.labels)))
+            })
+            .collect();
+        let room = match fanout {
+            None => quota.saturating_sub(offers.len()),
+            Some(fanout) => {
+                if !eligible.is_empty() {
+                    let at = turn % eligible.len();
+                    eligible.rotate_left(at);
+                }
+                // Stable: equals keep their turn order.
+                eligible.sort_by(|a, b| headroom(b.1, &demand).total_cmp(&headroom(a.1, &demand)));
+                let pending = offers
+                    .values()
+                    .filter(|s| matches!(s, OfferState::Pending))
+                    .count();
+                fanout.saturating_sub(pending)
+            }
+        };
         let mut actions = Vec::new();
-        for (name, spoke) in &self.spokes {
-            if offers.len() >= *quota {
-                break;
-            }
-            if spoke.disconnected_at.is_some()
-                || offers.contains_key(name)
-                || !spoke.could_ever_fit(&demand)
-                || !spoke.fits_now(&demand)
-                || !job
-                    .info
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| s.matches(Some(&spoke.labels)))
-            {
-                continue;
-            }
+        for (name, _) in eligible.into_iter().take(room) {
             offers.insert(name.clone(), OfferState::Pending);
             actions.push(Action::Offer {
                 spoke: name.clone(),
@@ -768,6 +801,20 @@ impl Dispatcher {
         }
         actions
     }
+}
+
+/// The share of a spoke's allocatable left free after placing `demand`, on
+/// the resource the demand leaves scarcest (1.0 for an empty demand).
+fn headroom(spoke: &Spoke, demand: &Resources) -> f64 {
+    demand
+        .iter()
+        .filter(|(_, m)| **m > 0)
+        .map(|(r, m)| {
+            let alloc = spoke.allocatable.get(r).copied().unwrap_or(0).max(1) as f64;
+            let free = spoke.free.get(r).copied().unwrap_or(0) as f64;
+            (free - *m as f64) / alloc
+        })
+        .fold(1.0, f64::min)
 }
 
 /// Withdrawals of one run's offers from `spokes`.
@@ -854,6 +901,7 @@ mod tests {
             mode,
             worker_lost_timeout_ms: 1000,
             retry_ms: 500,
+            fanout: 0,
         })
     }
 
@@ -876,6 +924,58 @@ mod tests {
         let mut all = actions;
         all.extend(d.committed(&key(name), &placement, true, 0));
         all
+    }
+
+    #[test]
+    fn a_limited_fanout_offers_the_roomiest_spokes_and_replaces_a_refusal() {
+        let mut d = Dispatcher::new(Config {
+            fanout: 2,
+            ..Config::default()
+        });
+        connect(&mut d, "a", json!({}), 3000);
+        connect(&mut d, "b", json!({}), 8000);
+        connect(&mut d, "c", json!({}), 6000);
+        connect(&mut d, "d", json!({}), 2000);
+        let actions = d.upsert_job(job("j", 1000, 2), None, 0);
+        assert_eq!(
+            offers(&actions),
+            vec![("b".into(), "j".into(), 1), ("c".into(), "j".into(), 1)]
+        );
+        // b refuses: the next roomiest spoke takes its place.
+        let actions = d.admit_answer("b", "uid-j", 1, false, 1);
+        assert_eq!(offers(&actions), vec![("a".into(), "j".into(), 1)]);
+        // The winner's rivals are withdrawn, the refusal included.
+        let actions = d.admit_answer("a", "uid-j", 1, true, 2);
+        let withdrawn: BTreeSet<&str> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Withdraw { spoke, .. } => Some(spoke.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(withdrawn, BTreeSet::from(["b", "c"]));
+    }
+
+    #[test]
+    fn spokes_with_equal_room_take_turns_under_a_limited_fanout() {
+        let mut d = Dispatcher::new(Config {
+            fanout: 1,
+            ..Config::default()
+        });
+        for s in ["a", "b", "c"] {
+            connect(&mut d, s, json!({}), 8000);
+        }
+        let first: Vec<String> = (0..6)
+            .map(|i| {
+                let actions = d.upsert_job(job(&format!("j{i}"), 1000, 1), None, 0);
+                let offered = offers(&actions);
+                assert_eq!(offered.len(), 1, "{offered:?}");
+                offered[0].0.clone()
+            })
+            .collect();
+        for s in ["a", "b", "c"] {
+            assert_eq!(first.iter().filter(|f| *f == s).count(), 2, "{first:?}");
+        }
     }
 
     #[test]

@@ -87,6 +87,11 @@ pub struct DispatchArgs {
     /// A spoke disconnected this long is given up and its TrainJobs requeued.
     #[arg(long, default_value_t = 900)]
     pub worker_lost_timeout_seconds: u64,
+    /// AllAtOnce: offer each TrainJob to at most this many spokes at once,
+    /// those with the most room for it first (a refusal frees a place);
+    /// 0 offers to every eligible spoke.
+    #[arg(long, default_value_t = 0)]
+    pub dispatch_fanout: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -102,6 +107,7 @@ impl DispatchArgs {
             incremental_step,
             incremental_round_seconds,
             worker_lost_timeout_seconds,
+            dispatch_fanout,
         } = self;
         let mode = match dispatch_mode {
             ModeArg::AllAtOnce => core::Mode::AllAtOnce,
@@ -115,6 +121,7 @@ impl DispatchArgs {
             core: core::Config {
                 mode,
                 worker_lost_timeout_ms: lost_ms,
+                fanout: *dispatch_fanout,
                 ..core::Config::default()
             },
             // Tick often enough for short (test-sized) timeouts.
