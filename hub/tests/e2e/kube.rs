@@ -154,6 +154,16 @@ impl KubeSpoke {
     }
 }
 
+/// A hub with no process spokes and one kube spoke, `gpu-a`, on the
+/// stand-in's default nodes.
+async fn hub_and_kube_spoke() -> (DevHub, KubeSpoke) {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    (hub, spoke)
+}
+
 async fn eventually<T, F>(what: &str, hub: &DevHub, mut check: impl FnMut() -> F) -> T
 where
     F: std::future::Future<Output = Option<T>>,
@@ -243,10 +253,7 @@ fn without_trace_env(mut spec: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
-    let grpc = free_port();
-    let port = grpc.to_string();
-    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
-    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    let (hub, spoke) = hub_and_kube_spoke().await;
     let file = upstream_dir().join("01-multi-node.yaml");
     let file = file.to_str().unwrap();
     hub.kubectl_ok(&["apply", "-f", file]);
@@ -370,10 +377,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mpi_trainjob_brings_its_hostfile_and_ssh_secret_to_the_spoke() {
-    let grpc = free_port();
-    let port = grpc.to_string();
-    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
-    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    let (hub, spoke) = hub_and_kube_spoke().await;
     hub.kubectl_stdin(&["apply", "-f", "-"], Some(MPI));
     let (h, s) = (&hub, &spoke);
     let jobset = eventually("the JobSet in the spoke's cluster", h, move || {
@@ -429,10 +433,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_failing_past_the_jobsets_restarts_fails_the_trainjob() {
-    let grpc = free_port();
-    let port = grpc.to_string();
-    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
-    let spoke = KubeSpoke::start(&hub.ca(), "gpu-a", grpc, Vec::new()).await;
+    let (hub, spoke) = hub_and_kube_spoke().await;
     hub.kubectl_stdin(&["apply", "-f", "-"], Some(FAILING));
     let h = &hub;
     let failed = eventually("the TrainJob Failed", h, move || async move {
