@@ -8,8 +8,8 @@
 //! `/status`, which it merges into the object), delete with finalizers,
 //! discovery of declared resources. What it lacks and this wrapper does not
 //! add: field managers and apply conflicts, JSON and strategic merge patches,
-//! PUT, status subresource isolation, 409 on stale resourceVersions, 410
-//! after compaction, namespace existence, owner-reference garbage collection
+//! PUT, status subresource isolation, 409 on stale resourceVersions,
+//! namespace existence, owner-reference garbage collection
 //! (the simulator's orphan collection stands in), field selectors, TLS and
 //! authentication (it serves plain HTTP).
 
@@ -20,8 +20,8 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 use kube::api::PostParams;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::StandinConfig;
 
@@ -36,6 +36,8 @@ pub struct Kmock {
     url: String,
     kubeconfig: PathBuf,
     child: Child,
+    /// The wrapper's stdin (commands) and stdout (their answers).
+    control: tokio::sync::Mutex<(ChildStdin, Lines<BufReader<ChildStdout>>)>,
     _dir: tempfile::TempDir,
 }
 
@@ -90,10 +92,12 @@ impl Kmock {
                 "apiVersion: v1\nkind: Config\nclusters:\n- name: kmock\n  cluster:\n    server: {url}\nusers:\n- name: kmock\n  user: {{}}\ncontexts:\n- name: kmock\n  context:\n    cluster: kmock\n    user: kmock\n    namespace: default\ncurrent-context: kmock\n"
             ),
         )?;
+        let stdin = child.stdin.take().context("kmock's stdin")?;
         let kmock = Kmock {
             url,
             kubeconfig,
             child,
+            control: tokio::sync::Mutex::new((stdin, lines)),
             _dir: dir,
         };
         let client = kmock.client().await?;
@@ -124,8 +128,31 @@ impl Kmock {
         crate::client_from_kubeconfig(&self.kubeconfig).await
     }
 
+    /// Forgets the write history: a watch from an older resourceVersion
+    /// gets 410 Expired, as after etcd compaction.
+    pub async fn compact(&self) -> anyhow::Result<()> {
+        self.command("COMPACT").await
+    }
+
+    /// Ends every open watch stream; clients must re-watch.
+    pub async fn close_watches(&self) -> anyhow::Result<()> {
+        self.command("CLOSE_WATCHES").await
+    }
+
+    async fn command(&self, command: &str) -> anyhow::Result<()> {
+        let mut control = self.control.lock().await;
+        let (stdin, stdout) = &mut *control;
+        stdin.write_all(format!("{command}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        match stdout.next_line().await? {
+            Some(line) if line == "OK" => Ok(()),
+            Some(line) => anyhow::bail!("kmock: {command}: {line}"),
+            None => anyhow::bail!("kmock exited during {command}"),
+        }
+    }
+
     pub async fn shutdown(mut self) {
-        drop(self.child.stdin.take());
+        drop(self.control);
         let _ = self.child.kill().await;
     }
 }

@@ -16,7 +16,12 @@ spoke's kube backend tests:
 - `/api/v1/namespaces[/NAME]` is the Namespace resource (kmock reads it as a
   namespace prefix with no resource).
 
-Prints `PORT <n>` once serving; exits when stdin closes.
+- `COMPACT` on stdin forgets the write history: a watch from an older
+  resourceVersion gets a 410 `Expired` ERROR event, as after etcd compaction;
+- `CLOSE_WATCHES` on stdin ends every open watch stream.
+
+Prints `PORT <n>` once serving, `OK` after each stdin command; exits when
+stdin closes.
 """
 
 import asyncio
@@ -97,6 +102,8 @@ class Wrapped(kmock.KubernetesEmulator):
         super().__attrs_post_init__()
         self.rv = 0
         self.history = []  # (rv, resource, {'type', 'object'})
+        self.compacted = 0  # watches from before this resourceVersion get 410
+        self.closing = asyncio.Event()  # set (and replaced) by close_watches
         for r in RESOURCES:
             self.resources[r] = {}
 
@@ -187,7 +194,32 @@ class Wrapped(kmock.KubernetesEmulator):
         return {'apiVersion': group_version, 'kind': KINDS.get(plural, plural) + 'List',
                 'metadata': {'resourceVersion': str(self.rv)}, 'items': items}
 
+    def compact(self):
+        self.compacted = self.rv
+        self.history.clear()
+
+    def close_watches(self):
+        self.closing.set()
+        self.closing = asyncio.Event()
+
     async def _serve_watch(self, request):
+        stream = self._watch(request).__aiter__()
+        closing = self.closing
+        while True:
+            step = asyncio.ensure_future(stream.__anext__())
+            closed = asyncio.ensure_future(closing.wait())
+            await asyncio.wait({step, closed}, return_when=asyncio.FIRST_COMPLETED)
+            closed.cancel()
+            if not step.done():
+                step.cancel()
+                return
+            try:
+                event = step.result()
+            except StopAsyncIteration:
+                return
+            yield event
+
+    async def _watch(self, request):
         since = request.params.get('resourceVersion')
         selector = request.params.get('labelSelector') or ''
         if not since or since == '0':
@@ -198,6 +230,12 @@ class Wrapped(kmock.KubernetesEmulator):
             return
         yield b''
         since = int(since)
+        if since < self.compacted:
+            yield {'type': 'ERROR', 'object': {
+                'apiVersion': 'v1', 'kind': 'Status', 'metadata': {}, 'status': 'Failure',
+                'code': 410, 'reason': 'Expired',
+                'message': f'too old resource version: {since} ({self.compacted})'}}
+            return
         seen = since
         bus = self._buses[request.resource]
         for rv, resource, event in list(self.history):
@@ -223,7 +261,12 @@ async def main():
     async with handler, kmock.Server(handler) as server:
         print(f"PORT {server.port}", flush=True)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, sys.stdin.read)
+        commands = {'COMPACT': handler.compact, 'CLOSE_WATCHES': handler.close_watches}
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            command = commands.get(line.strip())
+            if command is not None:
+                command()
+            print('OK' if command else f'unknown command {line.strip()!r}', flush=True)
 
 
 if __name__ == '__main__':

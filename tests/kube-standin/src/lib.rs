@@ -65,6 +65,28 @@ impl ApiServer {
         }
     }
 
+    /// Forgets the watch history: resuming from before now gets 410.
+    pub async fn compact(&self) -> anyhow::Result<()> {
+        match self {
+            ApiServer::Standin(s) => {
+                s.compact();
+                Ok(())
+            }
+            ApiServer::Kmock(k) => k.compact().await,
+        }
+    }
+
+    /// Ends every open watch stream.
+    pub async fn close_watches(&self) -> anyhow::Result<()> {
+        match self {
+            ApiServer::Standin(s) => {
+                s.close_watches();
+                Ok(())
+            }
+            ApiServer::Kmock(k) => k.close_watches().await,
+        }
+    }
+
     pub async fn shutdown(self) {
         match self {
             ApiServer::Standin(s) => s.shutdown().await,
