@@ -37,7 +37,7 @@ pub struct Kmock {
     kubeconfig: PathBuf,
     child: Child,
     /// The wrapper's stdin (commands) and stdout (their answers).
-    control: tokio::sync::Mutex<(ChildStdin, Lines<BufReader<ChildStdout>>)>,
+    control: Box<tokio::sync::Mutex<(ChildStdin, Lines<BufReader<ChildStdout>>)>>,
     _dir: tempfile::TempDir,
 }
 
@@ -97,7 +97,7 @@ impl Kmock {
             url,
             kubeconfig,
             child,
-            control: tokio::sync::Mutex::new((stdin, lines)),
+            control: Box::new(tokio::sync::Mutex::new((stdin, lines))),
             _dir: dir,
         };
         let client = kmock.client().await?;
