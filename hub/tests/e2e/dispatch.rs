@@ -401,7 +401,13 @@ async fn sigkill_during_a_burst_of_dispatches_places_every_trainjob_exactly_once
         "the first placements",
         &hub,
         Duration::from_secs(60),
-        || (spokes.iter().map(|s| s.held().len()).sum::<usize>() >= 5).then_some(()),
+        || {
+            // Distinct runs: with every spoke admitting every offer, one
+            // TrainJob is held (reserved) by all three at first.
+            let runs: std::collections::BTreeSet<String> =
+                spokes.iter().flat_map(|s| s.held()).collect();
+            (runs.len() >= 5).then_some(())
+        },
     )
     .await;
     hub.kill();
