@@ -16,6 +16,10 @@ use kube::api::{DynamicObject, PostParams};
 use serde_json::json;
 use trainhub::hub::{Config, Hub};
 
+/// The allocator the `trainhub` and `trainspoke` binaries use.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[path = "support/mod.rs"]
 mod support;
 

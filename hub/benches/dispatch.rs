@@ -33,6 +33,10 @@ use trainhub::hub::{Config, Hub};
 use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::sim::SimBackend;
 
+/// The allocator the `trainhub` and `trainspoke` binaries use.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[path = "support/mod.rs"]
 mod support;
 
@@ -281,6 +285,7 @@ async fn run(
         }));
     }
     let mut latencies = Vec::with_capacity(jobs);
+    let mut timeline = Vec::with_capacity(jobs);
     let mut last = begin;
     while latencies.len() < jobs {
         let Ok(Some((name, at))) =
@@ -295,6 +300,7 @@ async fn run(
             continue;
         };
         latencies.push(at.duration_since(t0));
+        timeline.push((t0.saturating_duration_since(begin), at.duration_since(t0)));
         last = last.max(at);
     }
     let cpu = cpu_time().saturating_sub(cpu_begin);
@@ -302,6 +308,16 @@ async fn run(
         w.await.expect("worker");
     }
     let elapsed = last.duration_since(begin);
+    // `TRAINHUB_BENCH_TIMELINE=FILE`: each TrainJob's submit time (from the
+    // first submit) and its latency, in ms, one per line, to see when slow
+    // starts happen.
+    if let Some(path) = std::env::var_os("TRAINHUB_BENCH_TIMELINE") {
+        let lines: String = timeline
+            .iter()
+            .map(|(at, latency)| format!("{:.3} {:.3}\n", ms(*at), ms(*latency)))
+            .collect();
+        std::fs::write(&path, lines).expect("timeline file");
+    }
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     let offered = if rate > 0 {

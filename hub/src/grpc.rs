@@ -74,7 +74,7 @@ impl pb::spoke_server::Spoke for SpokeService {
                 match inbound.message().await {
                     Ok(Some(pb::SpokeMessage {
                         message: Some(message),
-                    })) => dispatch.on_message(&name, message).await,
+                    })) => dispatch.on_message(&name, id, message).await,
                     Ok(Some(_)) => {}
                     Ok(None) => break,
                     Err(status) => {
@@ -155,7 +155,22 @@ pub async fn serve(
             pb::spoke_server::SpokeServer::new(SpokeService { dispatch, stopping })
                 .max_decoding_message_size(64 << 20),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await?;
     Ok(())
+}
+
+/// The listener's connections, with Nagle's algorithm off: the protocol is
+/// small messages each side waits on (an offer, its answer, a start), and
+/// Nagle would hold one back until the peer's delayed ACK, 40 ms later.
+fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set");
+            }
+        })
+    })
 }

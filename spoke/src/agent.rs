@@ -238,6 +238,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
         .map_err(|e| AgentError::Address(config.hub_url.clone(), e.to_string()))?
         .tls_config(tls)?
         .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20));
     let channel = endpoint.connect().await?;

@@ -179,6 +179,11 @@ pub async fn serve_with(
                 continue;
             }
         };
+        // Responses and watch events are small writes: without this, Nagle's
+        // algorithm holds one back until the client's delayed ACK (40 ms).
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%remote, error = %e, "TCP_NODELAY not set");
+        }
         let acceptor = acceptor.clone();
         let app = app.clone();
         let watcher = graceful.watcher();

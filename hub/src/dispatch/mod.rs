@@ -947,9 +947,28 @@ impl Dispatch {
         self.execute(actions);
     }
 
-    /// One message of a spoke's session.
-    pub async fn on_message(&self, spoke: &str, message: pb::spoke_message::Message) {
+    /// One message of session `session` of a spoke.
+    ///
+    /// Reports and heartbeats of a session that a newer one has replaced are
+    /// dropped: the spoke switched to the new session only after putting a
+    /// fresh report of every run it holds on it, so whatever the old session
+    /// still carries is older than what the hub has (or is about to have)
+    /// from the new one, and taking it would set a TrainJob's status back.
+    /// Admission answers and log chunks stay valid: they answer requests
+    /// made on the old session, which the new one does not repeat.
+    pub async fn on_message(&self, spoke: &str, session: u64, message: pb::spoke_message::Message) {
         use pb::spoke_message::Message;
+        if matches!(message, Message::Report(_) | Message::Heartbeat(_))
+            && lock(&self.sessions)
+                .get(spoke)
+                .is_none_or(|s| s.id != session)
+        {
+            tracing::debug!(spoke, session, "dropped a message of a replaced session");
+            if let Message::Report(report) = &message {
+                tracing::info!(spoke, run = %report.run_id, seq = report.seq, "dropped a report of a replaced session");
+            }
+            return;
+        }
         match message {
             Message::Hello(_) => {
                 tracing::warn!(spoke, "second hello on one stream ignored");

@@ -140,6 +140,11 @@ impl Host {
             .epoch_interruption(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
             .memory_init_cow(true);
+        // `perf` names the plugins' machine code with this set (see
+        // docs/benchmarks.md); no effect otherwise.
+        if std::env::var_os("TRAINHUB_WASM_PERFMAP").is_some() {
+            wasm.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         if let Some(dir) = &config.cache_dir {
             let mut cache = wasmtime::CacheConfig::new();
             cache.with_directory(dir);

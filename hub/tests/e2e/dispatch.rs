@@ -469,3 +469,185 @@ async fn connect_raw(
         .await?;
     Ok(pb::spoke_client::SpokeClient::new(channel))
 }
+
+/// A raw session's next message of the kind `pick` accepts.
+async fn next_of<T>(
+    inbound: &mut tonic::Streaming<pb::HubMessage>,
+    what: &str,
+    mut pick: impl FnMut(pb::hub_message::Message) -> Option<T>,
+) -> T {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(pb::HubMessage { message: Some(m) })) => {
+                    if let Some(found) = pick(m) {
+                        return found;
+                    }
+                }
+                Ok(Some(_)) => {}
+                other => panic!("stream ended while waiting for {what}: {other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {what} within 30s"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_left_on_a_replaced_session_does_not_set_the_status_back() {
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let ca = hub.ca();
+    let issued = ca
+        .issue_client("spoke-r", &[trainhub::grpc::SPOKE_GROUP])
+        .unwrap();
+    let capacity: Vec<pb::Capacity> = ["cpu", "memory"]
+        .iter()
+        .map(|r| pb::Capacity {
+            resource: r.to_string(),
+            allocatable_milli: 1 << 40,
+            free_milli: 1 << 40,
+        })
+        .collect();
+    let hello = |runs: Vec<pb::RunRef>| {
+        message(pb::spoke_message::Message::Hello(pb::Hello {
+            labels: [("name".to_string(), "spoke-r".to_string())].into(),
+            backend: "test".into(),
+            capacity: capacity.clone(),
+            runs,
+            version: "test".into(),
+        }))
+    };
+    let report = |run_id: &str, seq: u64, status: &str| {
+        message(pb::spoke_message::Message::Report(pb::RunReport {
+            run_id: run_id.to_string(),
+            generation: 1,
+            seq,
+            jobset_status_json: status.to_string(),
+            ..Default::default()
+        }))
+    };
+
+    // Session 1 is offered the TrainJob, admits it and is told to start it.
+    let (tx1, rx1) = tokio::sync::mpsc::unbounded_channel();
+    tx1.send(hello(Vec::new())).unwrap();
+    let mut client1 = connect_raw(&ca, &issued.cert_pem, &issued.key_pem, grpc)
+        .await
+        .expect("session 1 connects");
+    let mut in1 = client1
+        .session(UnboundedReceiverStream::new(rx1))
+        .await
+        .unwrap()
+        .into_inner();
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&trainjob_yaml("reordered", Some("name=spoke-r"))),
+    );
+    let offer = next_of(&mut in1, "an offer", |m| match m {
+        pb::hub_message::Message::Offer(o) => Some(o),
+        _ => None,
+    })
+    .await;
+    tx1.send(message(pb::spoke_message::Message::Admit(
+        pb::AdmitAnswer {
+            run_id: offer.run_id.clone(),
+            generation: offer.generation,
+            admitted: true,
+            reason: String::new(),
+        },
+    )))
+    .unwrap();
+    next_of(&mut in1, "a start", |m| match m {
+        pb::hub_message::Message::Start(s) if s.run_id == offer.run_id => Some(()),
+        _ => None,
+    })
+    .await;
+    let run = offer.run_id.clone();
+
+    // Session 2 replaces it (as after a network blip) and reports the run
+    // running.
+    let running = r#"{"replicatedJobsStatus":[{"name":"node","ready":1,"succeeded":0,"failed":0,"active":1,"suspended":0}]}"#;
+    let (tx2, rx2) = tokio::sync::mpsc::unbounded_channel();
+    tx2.send(hello(vec![pb::RunRef {
+        run_id: run.clone(),
+        generation: 1,
+        finished: false,
+    }]))
+    .unwrap();
+    tx2.send(report(&run, 1, running)).unwrap();
+    let mut client2 = connect_raw(&ca, &issued.cert_pem, &issued.key_pem, grpc)
+        .await
+        .expect("session 2 connects");
+    let _in2 = client2
+        .session(UnboundedReceiverStream::new(rx2))
+        .await
+        .unwrap()
+        .into_inner();
+    eventually(
+        "the run shown active",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            let active = hub.kubectl_ok(&[
+                "get",
+                "trainjob",
+                "reordered",
+                "-o",
+                "jsonpath={.status.jobsStatus[0].active}",
+            ]);
+            (active == "1").then_some(())
+        },
+    )
+    .await;
+
+    // A report the old session still carried arrives after that: it is
+    // older than session 2's and must not be taken.
+    let failed = r#"{"conditions":[{"type":"Failed","status":"True","reason":"FailedJobs","message":"stale","lastTransitionTime":"2026-01-01T00:00:00Z"}]}"#;
+    tx1.send(report(&run, 2, failed)).unwrap();
+    let conditions_now = || {
+        hub.kubectl_ok(&[
+            "get",
+            "trainjob",
+            "reordered",
+            "-o",
+            "jsonpath={.status.conditions}",
+        ])
+    };
+    let conditions = eventually(
+        "the stale report dropped (or taken)",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            let conditions = conditions_now();
+            (hub.log().contains("dropped a report of a replaced session")
+                || conditions.contains("Failed"))
+            .then_some(conditions)
+        },
+    )
+    .await;
+    assert!(
+        !conditions.contains("stale") && !conditions.contains("Failed"),
+        "the replaced session's report was taken: {conditions}"
+    );
+    // Session 2 still speaks for the spoke.
+    let finished = r#"{"conditions":[{"type":"Completed","status":"True","reason":"AllJobsCompleted","message":"done","lastTransitionTime":"2026-01-01T00:00:00Z"}],"replicatedJobsStatus":[{"name":"node","ready":0,"succeeded":1,"failed":0,"active":0,"suspended":0}]}"#;
+    tx2.send(report(&run, 2, finished)).unwrap();
+    eventually(
+        "the TrainJob Complete from session 2",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            let types = hub.kubectl_ok(&[
+                "get",
+                "trainjob",
+                "reordered",
+                "-o",
+                "jsonpath={.status.conditions[*].type}",
+            ]);
+            types.contains("Complete").then_some(())
+        },
+    )
+    .await;
+}
