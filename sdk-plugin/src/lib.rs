@@ -27,6 +27,14 @@
 //! `.wasm` file into the hub's plugins directory. The same code runs natively
 //! under [`testing::Harness`], so plugin logic is unit-tested without wasm.
 
+#[cfg(all(target_arch = "wasm32", feature = "arena"))]
+mod arena;
+/// A plugin's heap in wasm; see the `arena` module (feature `arena`, on by
+/// default).
+#[cfg(all(target_arch = "wasm32", feature = "arena"))]
+#[global_allocator]
+static ARENA: arena::Arena = arena::Arena::new();
+
 pub mod guest;
 mod helpers;
 pub mod info;
