@@ -963,9 +963,11 @@ impl Dispatch {
                 .get(spoke)
                 .is_none_or(|s| s.id != session)
         {
-            tracing::debug!(spoke, session, "dropped a message of a replaced session");
-            if let Message::Report(report) = &message {
-                tracing::info!(spoke, run = %report.run_id, seq = report.seq, "dropped a report of a replaced session");
+            match &message {
+                Message::Report(report) => {
+                    tracing::info!(spoke, session, run = %report.run_id, seq = report.seq, "dropped a report of a replaced session");
+                }
+                _ => tracing::debug!(spoke, session, "dropped a heartbeat of a replaced session"),
             }
             return;
         }
