@@ -31,6 +31,8 @@ const PAGE: usize = 64 * 1024;
 const CHUNK: usize = 4 * PAGE;
 /// Blocks larger than this go to std's allocator directly.
 const LARGE: usize = PAGE;
+/// The first chunk's size, at most.
+const FIRST_CHUNK_MAX: usize = 16 * PAGE;
 /// What std's allocator keeps of a chunk for itself, at most.
 const SLACK: usize = 256;
 
@@ -63,7 +65,12 @@ impl Arena {
             // std's allocator hands out without growing the memory.
             let heap = &raw const __heap_base as usize;
             let initial = core::arch::wasm32::memory_size(0) * PAGE;
-            initial.saturating_sub(heap).saturating_sub(SLACK)
+            // At most `FIRST_CHUNK_MAX`: if C code grew the memory before
+            // Rust allocated anything, that part is not free.
+            initial
+                .saturating_sub(heap)
+                .saturating_sub(SLACK)
+                .min(FIRST_CHUNK_MAX)
         } else {
             CHUNK
         };
