@@ -585,20 +585,21 @@ async fn a_report_left_on_a_replaced_session_does_not_set_the_status_back() {
         .await
         .unwrap()
         .into_inner();
+    // A field of the TrainJob, by JSONPath.
+    let field = |path: &str| {
+        hub.kubectl_ok(&[
+            "get",
+            "trainjob",
+            "reordered",
+            "-o",
+            &format!("jsonpath={{{path}}}"),
+        ])
+    };
     eventually(
         "the run shown active",
         &hub,
         Duration::from_secs(30),
-        || {
-            let active = hub.kubectl_ok(&[
-                "get",
-                "trainjob",
-                "reordered",
-                "-o",
-                "jsonpath={.status.jobsStatus[0].active}",
-            ]);
-            (active == "1").then_some(())
-        },
+        || (field(".status.jobsStatus[0].active") == "1").then_some(()),
     )
     .await;
 
@@ -606,21 +607,12 @@ async fn a_report_left_on_a_replaced_session_does_not_set_the_status_back() {
     // older than session 2's and must not be taken.
     let failed = r#"{"conditions":[{"type":"Failed","status":"True","reason":"FailedJobs","message":"stale","lastTransitionTime":"2026-01-01T00:00:00Z"}]}"#;
     tx1.send(report(&run, 2, failed)).unwrap();
-    let conditions_now = || {
-        hub.kubectl_ok(&[
-            "get",
-            "trainjob",
-            "reordered",
-            "-o",
-            "jsonpath={.status.conditions}",
-        ])
-    };
     let conditions = eventually(
         "the stale report dropped (or taken)",
         &hub,
         Duration::from_secs(30),
         || {
-            let conditions = conditions_now();
+            let conditions = field(".status.conditions");
             (hub.log().contains("dropped a report of a replaced session")
                 || conditions.contains("Failed"))
             .then_some(conditions)
@@ -639,14 +631,9 @@ async fn a_report_left_on_a_replaced_session_does_not_set_the_status_back() {
         &hub,
         Duration::from_secs(30),
         || {
-            let types = hub.kubectl_ok(&[
-                "get",
-                "trainjob",
-                "reordered",
-                "-o",
-                "jsonpath={.status.conditions[*].type}",
-            ]);
-            types.contains("Complete").then_some(())
+            field(".status.conditions[*].type")
+                .contains("Complete")
+                .then_some(())
         },
     )
     .await;
