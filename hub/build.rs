@@ -52,6 +52,7 @@ fn main() {
     let target_dir = std::env::var_os("TRAINHUB_WASM_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target").join("wasm-plugins"));
+    ensure_wasm_target();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&workspace)
@@ -101,6 +102,42 @@ fn main() {
     generated.push_str("];\n");
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     write_if_changed(&out.join("builtin_components.rs"), &generated);
+}
+
+const WASM_TARGET: &str = "wasm32-wasip2";
+
+/// Adds the wasm target to the toolchain building us when it lacks it, as
+/// `rust-toolchain.toml` asks; rustup skips that when the pinned toolchain is
+/// linked to an installed one. Without rustup the nested build's own error
+/// says what is missing.
+fn ensure_wasm_target() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let Some(sysroot) = sysroot else { return };
+    if sysroot.join("lib/rustlib").join(WASM_TARGET).exists() {
+        return;
+    }
+    let mut rustup = Command::new("rustup");
+    rustup.args(["target", "add", WASM_TARGET]);
+    if let Ok(toolchain) = std::env::var("RUSTUP_TOOLCHAIN") {
+        rustup.args(["--toolchain", &toolchain]);
+    }
+    println!("cargo:warning=the {WASM_TARGET} target is missing; adding it with rustup");
+    match rustup.status() {
+        Ok(status) if status.success() => {}
+        Ok(status) => println!(
+            "cargo:warning=`rustup target add {WASM_TARGET}` exited with {status}; the plugins' build will fail"
+        ),
+        Err(e) => println!(
+            "cargo:warning=rustup not found ({e}): install the {WASM_TARGET} target for {}",
+            sysroot.display()
+        ),
+    }
 }
 
 fn write_if_changed(path: &Path, contents: &str) {

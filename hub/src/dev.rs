@@ -58,7 +58,10 @@ pub async fn run(
     args: DevArgs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let dir = &args.data_dir;
+    // Absolute from here on: the plugin cache, the spokes' run directories
+    // and the kubeconfig's paths must not depend on a later working directory.
+    let dir = &std::path::absolute(&args.data_dir)
+        .with_context(|| format!("resolving {}", args.data_dir.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let kubeconfig = dir.join("kubeconfig");
     match std::fs::remove_file(&kubeconfig) {

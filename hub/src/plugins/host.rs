@@ -146,8 +146,13 @@ impl Host {
             wasm.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
         if let Some(dir) = &config.cache_dir {
+            // wasmtime's cache wants an absolute directory; a relative one
+            // (`--data-dir .trainhub`) is taken from the working directory.
+            let dir = std::path::absolute(dir).map_err(|e| {
+                PluginError::Host(format!("compilation cache {}: {e}", dir.display()))
+            })?;
             let mut cache = wasmtime::CacheConfig::new();
-            cache.with_directory(dir);
+            cache.with_directory(&dir);
             let cache = wasmtime::Cache::new(cache).map_err(|e| {
                 PluginError::Host(format!("compilation cache {}: {e}", dir.display()))
             })?;

@@ -120,7 +120,9 @@ impl Telemetry {
         let (filter, handle) = reload::Layer::new(filter);
         let json = json::JsonWithTrace::default();
         let fmt = match options.log_format {
+            // Colour only on a terminal: a file or pipe gets plain text.
             LogFormat::Text => tracing_subscriber::fmt::layer()
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .with_writer(std::io::stderr)
                 .boxed(),
             LogFormat::Json => tracing_subscriber::fmt::layer()

@@ -9,5 +9,7 @@ mod dispatch;
 mod kube;
 mod kube_clients;
 mod kubectl;
+mod readme;
 mod sdk;
+mod security;
 mod telemetry;
