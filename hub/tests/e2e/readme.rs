@@ -15,7 +15,9 @@ const EXAMPLE: &str = "examples/trainjobs/logistic-regression.yaml";
 #[test]
 fn readme_dev_command_with_a_relative_data_dir_runs_the_example_to_complete() {
     let work = tempfile::tempdir().expect("temp dir");
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(EXAMPLE);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(EXAMPLE);
     std::fs::create_dir_all(work.path().join("examples/trainjobs")).expect("examples dir");
     std::fs::copy(&example, work.path().join(EXAMPLE)).expect("copying the example");
     let stderr_path = work.path().join("stderr.log");
@@ -69,7 +71,11 @@ fn readme_dev_command_with_a_relative_data_dir_runs_the_example_to_complete() {
         tail(&log, 40)
     );
     let data_dir = work.path().join(".trainhub");
-    assert!(data_dir.join("kubeconfig").exists(), "no kubeconfig in {}", data_dir.display());
+    assert!(
+        data_dir.join("kubeconfig").exists(),
+        "no kubeconfig in {}",
+        data_dir.display()
+    );
     assert!(
         data_dir.join("plugin-cache").is_dir(),
         "the plugin cache is not under the relative data directory"
