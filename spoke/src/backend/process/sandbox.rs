@@ -690,6 +690,27 @@ mod tests {
     }
 
     #[test]
+    fn the_start_line_names_what_is_in_force_and_warns_without_isolation() {
+        let line = sandbox(Namespaces::MountPid, Some(DEFAULT_RUN_UIDS)).describe();
+        assert!(
+            line.starts_with("process sandbox: run uids 2000000000-2000065535; mount and PID namespaces; hiding /data, /keys/spoke.key;"),
+            "{line}"
+        );
+        assert!(line.ends_with("tree kill: yes"), "{line}");
+        let mut bare = sandbox(Namespaces::None, None);
+        bare.missing
+            .push("no mount, PID or user namespaces (unshare: Operation not permitted)".into());
+        let line = bare.describe();
+        assert!(line.starts_with("process sandbox: NO ISOLATION"), "{line}");
+        assert!(line.contains("tree kill: no"), "{line}");
+        assert!(
+            line.contains("off: no mount, PID or user namespaces"),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1);
+    }
+
+    #[test]
     fn nested_hidden_paths_collapse_to_the_outer_one() {
         assert_eq!(
             outermost(vec![
