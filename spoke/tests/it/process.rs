@@ -1053,3 +1053,45 @@ async fn a_finished_container_leaves_nothing_behind() {
     .await
     .expect("the grandchild dies with its container");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_of_a_killed_spoke_are_cleaned_up_at_the_next_start() {
+    // cgroup v1 as on this machine: the memory hierarchy at its usual place.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let Some(path) = own
+        .lines()
+        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_owned()))
+    else {
+        eprintln!("skipped: no cgroup v1 memory hierarchy");
+        return;
+    };
+    let parent = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    // A pid above pid_max: a backend that no longer exists.
+    let stale = parent.join("trainhub-4000000000-0");
+    if std::fs::create_dir_all(stale.join("pod/c")).is_err() {
+        assert!(!running_as_root(), "root, yet no cgroup v1 memory group");
+        eprintln!("skipped: cgroups are not writable");
+        return;
+    }
+    let marker = unique_sleep();
+    let mut orphan = std::process::Command::new("sleep")
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    std::fs::write(stale.join("pod/c/cgroup.procs"), orphan.id().to_string()).unwrap();
+    let h = harness(&[]);
+    assert!(h.backend.sandbox().cgroups().is_some());
+    let status = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if let Some(status) = orphan.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the orphan is killed");
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(9));
+    assert!(!stale.exists(), "the stale group is removed");
+}

@@ -196,6 +196,11 @@ impl Cgroups {
             Some(own_dir(mount, path).join(&name))
         };
         if let Some(memory) = v1_dir("memory") {
+            for controller in ["freezer", "memory", "cpu", "pids"] {
+                if let Some(parent) = v1_dir(controller).as_deref().and_then(Path::parent) {
+                    remove_stale(parent, false);
+                }
+            }
             make_dir(&memory).map_err(|e| format!("creating {}: {e}", memory.display()))?;
             let optional = |controller: &str| {
                 let dir = v1_dir(controller)?;
@@ -249,6 +254,7 @@ impl Cgroups {
                 )
             })?;
         }
+        remove_stale(&own_dir, true);
         let base = own_dir.join(&name);
         make_dir(&base).map_err(|e| format!("creating {}: {e}", base.display()))?;
         std::fs::write(base.join("cgroup.subtree_control"), &enable)
@@ -459,11 +465,15 @@ impl Cgroups {
                 return;
             }
         }
-        let frozen = freezer.as_ref().is_some_and(|dir| freeze(dir, v2, true));
+        if let Some(dir) = freezer {
+            freeze(dir, v2, true);
+        }
         let pids: BTreeSet<u32> = dirs.iter().flat_map(|d| procs_under(d)).collect();
         kill_pids(&pids);
-        if frozen && let Some(dir) = freezer {
-            freeze(dir, v2, false);
+        // Thawed whether or not the freeze completed: a frozen process
+        // cannot act on its SIGKILL.
+        if let Some(dir) = freezer {
+            thaw_tree(dir, v2);
         }
         remove_when_empty(dirs);
     }
@@ -506,6 +516,33 @@ impl Cgroups {
 impl Drop for Cgroups {
     fn drop(&mut self) {
         self.remove_all();
+    }
+}
+
+/// Kills what is left in the groups of backends whose process is gone (a
+/// spoke killed with SIGKILL cannot clean up) and removes them. A group
+/// whose pid is alive, whoever has it now, is left alone.
+fn remove_stale(parent: &Path, v2: bool) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("trainhub-")
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = entry.path();
+        freeze(&dir, v2, true);
+        kill_pids(&procs_under(&dir).into_iter().collect());
+        thaw_tree(&dir, v2);
+        remove_when_empty(&[dir]);
     }
 }
 
@@ -554,6 +591,23 @@ fn freeze(dir: &Path, v2: bool, on: bool) -> bool {
             return false;
         }
         std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Thaws a group and every group under it (a v1 child frozen on its own
+/// stays frozen when only its parent is thawed).
+fn thaw_tree(dir: &Path, v2: bool) {
+    let file = if v2 { "cgroup.freeze" } else { "freezer.state" };
+    let value = if v2 { "0" } else { "THAWED" };
+    if dir.join(file).exists() {
+        let _ = std::fs::write(dir.join(file), value);
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                thaw_tree(&entry.path(), v2);
+            }
+        }
     }
 }
 
