@@ -8,6 +8,11 @@
 //! namespace grants, see `trainhub_apiserver::auth`), `store.redb`,
 //! `plugin-cache/`. `kubeconfig` is written when the
 //! hub is ready to serve, and removed at start, so its presence means ready.
+//!
+//! The data directory is made 0700 and its keys and tokens 0600. The local
+//! spokes run TrainJobs in a sandbox (see
+//! `trainhub_spoke::backend::process::sandbox`) that hides the whole data
+//! directory from them but for the pod's own directory.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -49,6 +54,10 @@ pub struct DevArgs {
     /// Custom plugins directory, hot-reloaded.
     #[arg(long)]
     pub plugins_dir: Option<PathBuf>,
+    /// When the hub runs as root: the uids the local spokes' runs get, one
+    /// per run, `FIRST-LAST` (or one `UID`); `none` keeps the hub's uid.
+    #[arg(long, value_name = "UIDS", default_value_t = trainhub_spoke::backend::process::RunAsUser::default())]
+    pub run_as_user: trainhub_spoke::backend::process::RunAsUser,
 }
 
 const ADMIN_USER: &str = "admin";
@@ -63,6 +72,12 @@ pub async fn run(
     let dir = &std::path::absolute(&args.data_dir)
         .with_context(|| format!("resolving {}", args.data_dir.display()))?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    {
+        // The store, the CA's key and the tokens are inside: for no one else.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making {} private (0700)", dir.display()))?;
+    }
     let kubeconfig = dir.join("kubeconfig");
     match std::fs::remove_file(&kubeconfig) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -124,6 +139,11 @@ pub async fn run(
     let store = hub.store.clone();
     let logs = hub.dispatch.log_source();
     let spokes_dir = dir.join("spokes");
+    let sandbox = trainhub_spoke::backend::process::SandboxConfig {
+        run_as_user: args.run_as_user.0,
+        hide: vec![dir.clone()],
+        disabled: false,
+    };
     hub.serve(
         |addrs| {
             let addr = addrs.api;
@@ -141,6 +161,7 @@ pub async fn run(
                         )
                     };
                     let capacity = capacity.clone();
+                    let sandbox = sandbox.clone();
                     tokio::spawn(async move {
                         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                         let backend = match trainhub_spoke::backend::process::ProcessBackend::new(
@@ -148,6 +169,7 @@ pub async fn run(
                                 work_dir,
                                 capacity,
                                 path_env: None,
+                                sandbox,
                             },
                             tx,
                         ) {

@@ -72,9 +72,12 @@ pub struct Hub {
 impl Hub {
     /// Opens the store, loads the plugins and builds the API server.
     pub fn open(config: Config) -> Result<Hub> {
-        std::fs::create_dir_all(&config.data_dir).with_context(|| {
-            format!("creating the data directory {}", config.data_dir.display())
-        })?;
+        // The store is inside: created for no one else (0700).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&config.data_dir)
+            .with_context(|| {
+                format!("creating the data directory {}", config.data_dir.display())
+            })?;
         let store: Arc<dyn Store> = Arc::new(
             RedbStore::open(&config.data_dir.join("store.redb"), WATCH_HISTORY)
                 .with_context(|| format!("opening the store in {}", config.data_dir.display()))?,

@@ -11,7 +11,9 @@ use anyhow::{Context, Result, bail};
 use crate::agent::{self, AgentConfig};
 use crate::backend::kube::capacity::GPU_PRODUCT_LABEL;
 use crate::backend::kube::{KubeBackend, KubeConfig};
-use crate::backend::process::{ProcessBackend, ProcessConfig, parse_quantity_milli};
+use crate::backend::process::{
+    ProcessBackend, ProcessConfig, RunAsUser, SandboxConfig, parse_quantity_milli,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendKind {
@@ -60,6 +62,15 @@ pub struct Args {
     /// separated (e.g. `cpu=8,memory=32Gi,nvidia.com/gpu=0`).
     #[arg(long, default_value = "cpu=4,memory=8Gi")]
     pub capacity: String,
+    /// Process backend, spoke running as root: the uids runs get, one per
+    /// run, `FIRST-LAST` (or one `UID`); `none` keeps the spoke's uid. The
+    /// range must hold no real user's uid.
+    #[arg(long, value_name = "UIDS", default_value_t = RunAsUser::default())]
+    pub run_as_user: RunAsUser,
+    /// Process backend: a file or directory runs must not see, besides the
+    /// work directory and --key (hidden always); repeatable.
+    #[arg(long = "sandbox-hide", value_name = "PATH")]
+    pub sandbox_hide: Vec<PathBuf>,
     /// Kube backend: the kubeconfig file to use (default: $KUBECONFIG or
     /// ~/.kube/config, else the in-cluster service account).
     #[arg(long)]
@@ -181,6 +192,8 @@ pub async fn run(args: Args) -> Result<()> {
         backend,
         work_dir,
         capacity,
+        run_as_user,
+        sandbox_hide,
         kubeconfig,
         create_namespaces,
         kueue_queue,
@@ -203,6 +216,11 @@ pub async fn run(args: Args) -> Result<()> {
                 work_dir,
                 capacity: parse_capacity(&capacity)?,
                 path_env: None,
+                sandbox: SandboxConfig {
+                    run_as_user: run_as_user.0,
+                    hide: std::iter::once(key.clone()).chain(sandbox_hide).collect(),
+                    disabled: false,
+                },
             },
             reports_tx,
         )
@@ -330,5 +348,36 @@ mod tests {
         assert_eq!(args.field_manager, "trainspoke");
         let default = Args::try_parse_from(BASE).unwrap();
         assert_eq!(default.backend, BackendKind::Process);
+    }
+
+    #[test]
+    fn sandbox_flags_default_to_the_documented_uid_range() {
+        use crate::backend::process::{DEFAULT_RUN_UIDS, UidRange};
+        let default = Args::try_parse_from(BASE).unwrap();
+        assert_eq!(default.run_as_user, RunAsUser(Some(DEFAULT_RUN_UIDS)));
+        assert!(default.sandbox_hide.is_empty());
+        let args = Args::try_parse_from(BASE.iter().copied().chain([
+            "--run-as-user",
+            "5000-5999",
+            "--sandbox-hide",
+            "/etc/trainspoke",
+            "--sandbox-hide",
+            "/home/spoke",
+        ]))
+        .unwrap();
+        assert_eq!(
+            args.run_as_user,
+            RunAsUser(Some(UidRange {
+                first: 5000,
+                last: 5999
+            }))
+        );
+        assert_eq!(args.sandbox_hide.len(), 2);
+        let none = Args::try_parse_from(BASE.iter().copied().chain(["--run-as-user", "none"]));
+        assert_eq!(none.unwrap().run_as_user, RunAsUser(None));
+        let root = Args::try_parse_from(BASE.iter().copied().chain(["--run-as-user", "0"]))
+            .unwrap_err()
+            .to_string();
+        assert!(root.contains("above 0"), "{root}");
     }
 }

@@ -440,8 +440,8 @@ pub fn write_file_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Res
 }
 
 /// A directory of PEM files: `ca.crt`/`ca.key` and `NAME.crt`/`NAME.key`.
-/// Certificates are written 0644, keys 0600, the directory (when created
-/// here) 0700.
+/// Certificates are written 0644, keys 0600, the directory 0700 (made so
+/// when created here, and narrowed to it when others could enter it).
 #[derive(Debug, Clone)]
 pub struct PemDir {
     path: PathBuf,
@@ -487,6 +487,19 @@ impl PemDir {
 
     fn ensure_dir(&self) -> Result<(), PkiError> {
         if self.path.is_dir() {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let io = |source| PkiError::Io {
+                    path: self.path.clone(),
+                    source,
+                };
+                let mode = fs::metadata(&self.path).map_err(io)?.permissions().mode();
+                if mode & 0o077 != 0 {
+                    fs::set_permissions(&self.path, fs::Permissions::from_mode(0o700))
+                        .map_err(io)?;
+                }
+            }
             return Ok(());
         }
         let mut builder = fs::DirBuilder::new();
@@ -763,6 +776,20 @@ mod tests {
         assert!(dir.read(".hidden").is_err());
         let missing = dir.read("nope").unwrap_err().to_string();
         assert!(missing.contains("nope.crt"), "{missing}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_open_pem_dir_is_narrowed_to_its_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("pki");
+        fs::create_dir(&path).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = PemDir::new(&path);
+        dir.load_or_create_ca("dev CA").unwrap();
+        assert_eq!(mode(&path), 0o700);
+        assert_eq!(mode(&dir.key_path(CA_NAME)), 0o600);
     }
 
     #[test]

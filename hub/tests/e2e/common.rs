@@ -25,6 +25,8 @@ pub struct DevHub {
     args: Vec<String>,
     /// Extra environment of the hub process.
     pub env: Vec<(String, String)>,
+    /// The uid (and gid) the hub runs as; None: the test's.
+    uid: Option<u32>,
     child: Option<Child>,
 }
 
@@ -47,6 +49,26 @@ impl DevHub {
 
     /// As [`start_args`], with extra environment for the hub process.
     pub fn start_env(args: &[&str], env: &[(&str, String)], prepare: impl FnOnce(&Path)) -> DevHub {
+        Self::start_inner(None, args, env, prepare)
+    }
+
+    /// As [`start_env`], the hub run by `uid` (gid the same, no other
+    /// groups); `prepare` must give it the data directory.
+    pub fn start_as(
+        uid: u32,
+        args: &[&str],
+        env: &[(&str, String)],
+        prepare: impl FnOnce(&Path),
+    ) -> DevHub {
+        Self::start_inner(Some(uid), args, env, prepare)
+    }
+
+    fn start_inner(
+        uid: Option<u32>,
+        args: &[&str],
+        env: &[(&str, String)],
+        prepare: impl FnOnce(&Path),
+    ) -> DevHub {
         let dir = tempfile::tempdir().expect("temp dir");
         prepare(dir.path());
         let mut hub = DevHub {
@@ -57,6 +79,7 @@ impl DevHub {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            uid,
             child: None,
         };
         hub.launch();
@@ -75,18 +98,22 @@ impl DevHub {
             .append(true)
             .open(self.dir.path().join("hub.log"))
             .expect("hub log");
-        let child = Command::new(env!("CARGO_BIN_EXE_trainhub"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_trainhub"));
+        command
             .args(["dev", "--data-dir"])
             .arg(self.dir.path())
             .args(["--api-port", &self.port.to_string()])
             .args(&self.args)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache())
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("starting trainhub dev");
+            .stderr(log);
+        if let Some(uid) = self.uid {
+            use std::os::unix::process::CommandExt as _;
+            command.uid(uid).gid(uid).env("HOME", self.dir.path());
+        }
+        let child = command.spawn().expect("starting trainhub dev");
         self.child = Some(child);
         self.wait_ready();
     }

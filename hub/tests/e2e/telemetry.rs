@@ -267,7 +267,13 @@ async fn one_trace_spans_hub_spokes_and_the_training_process_across_a_hub_restar
         &otel,
         |_| {},
     );
-    let dir = tempfile::tempdir().unwrap();
+    // Not under /tmp and open to others: the training process (sandboxed,
+    // with a private /tmp and its own uid) waits for the gate in here.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let spokes = [
         start_spoke(&hub, dir.path(), "spoke-east", "east", grpc, &otel),
         start_spoke(&hub, dir.path(), "spoke-west", "west", grpc, &otel),

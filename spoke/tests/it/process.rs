@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
-use trainhub_spoke::backend::process::{ProcessBackend, ProcessConfig};
+use trainhub_spoke::backend::process::{ProcessBackend, ProcessConfig, SandboxConfig};
 use trainhub_spoke::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -21,13 +21,31 @@ struct Harness {
 }
 
 fn harness(capacity: &[(&str, i64)]) -> Harness {
-    let dir = tempfile::tempdir().unwrap();
+    harness_with(capacity, |_| SandboxConfig::default())
+}
+
+/// A backend with its work directory under `dir/work`, in the sandbox
+/// `sandbox`. `dir` is not under /tmp (private to each container) and is
+/// open to the run uids, as a shared host path would be: `dir/shared` is
+/// where pods and the test meet.
+fn harness_with(
+    capacity: &[(&str, i64)],
+    sandbox: impl FnOnce(&std::path::Path) -> SandboxConfig,
+) -> Harness {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let sandbox = sandbox(dir.path());
     let (tx, reports) = unbounded_channel();
     let backend = ProcessBackend::new(
         ProcessConfig {
             work_dir: dir.path().join("work"),
             capacity: capacity.iter().map(|(r, m)| (r.to_string(), *m)).collect(),
             path_env: None,
+            sandbox,
         },
         tx,
     )
@@ -366,7 +384,7 @@ async fn a_failing_pod_restarts_once_then_fails_the_jobset() {
 async fn node_waits_for_the_initializer() {
     let mut h = harness(&[]);
     let k = key("deps");
-    let mark = h.dir.path().join("initialized");
+    let mark = h.dir.path().join("shared/initialized");
     let env = json!([{"name": "MARK", "value": mark.to_str().unwrap()}]);
     let init = rjob(
         "initializer",
@@ -499,9 +517,15 @@ async fn gang_admission_is_all_or_nothing() {
 async fn stop_kills_the_whole_process_tree() {
     let mut h = harness(&[("cpu", 1000)]);
     let k = key("sleepy");
+    // A grandchild in a session of its own: not in the pod's process group.
+    let marker = unique_sleep();
     let mut c = container(
         "c",
-        json!(["sh", "-c", "sleep 1000 & echo child $!; sleep 1000"]),
+        json!([
+            "sh",
+            "-c",
+            format!("setsid sleep {marker} & echo child started; sleep 1000")
+        ]),
         json!([]),
     );
     c["resources"] = json!({"requests": {"cpu": "1"}});
@@ -527,8 +551,8 @@ async fn stop_kills_the_whole_process_tree() {
     let pod_dir = h.dir.path().join("work/team/s-1").join(&pod);
     assert!(pod_dir.join("c.log").exists());
 
-    // The backgrounded sleep's pid, from the followed log.
-    let (child, mut stream) = child_pid(&h.backend, "sleepy", &pod).await;
+    // The backgrounded sleep's pid, once the log says it started.
+    let (child, mut stream) = child_pid(&h.backend, "sleepy", &pod, &marker).await;
     assert!(alive(child));
 
     h.backend.stop("sleepy", 1).await;
@@ -544,29 +568,59 @@ async fn stop_kills_the_whole_process_tree() {
     h.backend.stop("sleepy", 1).await;
 }
 
-/// Follows a pod's log until it says `child <pid>`.
+/// An argument for `sleep` that no other process has: a long sleep whose
+/// process the test finds by its command line (the pid a sandboxed shell
+/// sees is its PID namespace's, not this one's).
+fn unique_sleep() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "1000.{}{:03}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The pid (in this PID namespace) of the process running `sleep MARKER`.
+fn pid_of_sleep(marker: &str) -> Option<u32> {
+    let wanted = format!("sleep\0{marker}\0");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            (cmdline == wanted.as_bytes() && alive(pid)).then_some(pid)
+        })
+}
+
+/// Follows a pod's log until it says `child started`, then finds the
+/// `sleep MARKER` it started.
 async fn child_pid(
     backend: &ProcessBackend,
     run: &str,
     pod: &str,
+    marker: &str,
 ) -> (u32, trainhub_spoke::backend::LogStream) {
     let mut stream = backend.logs(run, pod, None, true, None).await.unwrap();
     let mut text = String::new();
     let pid = tokio::time::timeout(DEADLINE, async {
         loop {
-            let chunk = stream.next().await.unwrap().unwrap();
-            text.push_str(std::str::from_utf8(&chunk).unwrap());
-            if let Some(pid) = text
-                .strip_prefix("child ")
-                .and_then(|t| t.trim_end().parse().ok())
-                .filter(|_| text.ends_with('\n'))
+            if text.contains("child started\n")
+                && let Some(pid) = pid_of_sleep(marker)
             {
                 return pid;
+            }
+            if !text.contains("child started\n") {
+                let chunk = stream.next().await.unwrap().unwrap();
+                text.push_str(std::str::from_utf8(&chunk).unwrap());
+            } else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
     })
     .await
-    .unwrap();
+    .unwrap_or_else(|_| panic!("no `sleep {marker}` after the log said {text:?}"));
     (pid, stream)
 }
 
@@ -583,9 +637,14 @@ async fn gone(pid: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_backend_leaves_no_processes() {
     let mut h = harness(&[]);
+    let marker = unique_sleep();
     let c = container(
         "c",
-        json!(["sh", "-c", "sleep 1000 & echo child $!; sleep 1000"]),
+        json!([
+            "sh",
+            "-c",
+            format!("setsid sleep {marker} & echo child started; sleep 1000")
+        ]),
         json!([]),
     );
     let js = jobset(
@@ -605,7 +664,7 @@ async fn dropping_the_backend_leaves_no_processes() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (child, stream) = child_pid(&h.backend, "dropped", &pod).await;
+    let (child, stream) = child_pid(&h.backend, "dropped", &pod, &marker).await;
     drop(stream);
     assert!(alive(child));
     drop(h.backend);
@@ -627,9 +686,10 @@ async fn logs_tail_and_follow() {
     let mut h = harness(&[]);
     let k = key("logs");
     let script = "echo one; echo two; echo three; read x < \"$GATE\" ; echo four; echo err >&2";
-    let gate = h.dir.path().join("gate");
+    let gate = h.dir.path().join("shared/gate");
     assert!(
         std::process::Command::new("mkfifo")
+            .args(["-m", "0666"])
             .arg(&gate)
             .status()
             .unwrap()
@@ -742,4 +802,296 @@ async fn a_container_without_a_command_fails_its_pod() {
         message.contains("container \"c\" has no command"),
         "{message}"
     );
+}
+
+fn running_as_root() -> bool {
+    trainhub_spoke::backend::process::sandbox::effective_uid() == Some(0)
+}
+
+/// What a pod can print from a shell script, once it finished.
+async fn run_script(
+    h: &mut Harness,
+    run: &str,
+    script: &str,
+    resources: Value,
+) -> (RunReport, String) {
+    let mut c = container("c", json!(["sh", "-c", script]), json!([]));
+    c["resources"] = resources;
+    let js = jobset(
+        run,
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    h.backend.start(run_spec(run, run, vec![js])).await.unwrap();
+    let done = h
+        .wait_for(&key(run), "a terminal state", |r| r.finished)
+        .await;
+    let pod = done.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let log = read_log(&h.backend, run, &pod, None, false, None).await;
+    (done, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_sees_neither_the_spokes_secrets_nor_other_runs() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut h = harness_with(&[], |dir| {
+        let keys = dir.join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        std::fs::write(keys.join("spoke.key"), "KEY-SECRET-41\n").unwrap();
+        std::fs::set_permissions(
+            keys.join("spoke.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .unwrap();
+        // Readable by all, and still out of reach: hidden, not just closed.
+        std::fs::write(dir.join("token.csv"), "TOKEN-SECRET-42\n").unwrap();
+        SandboxConfig {
+            hide: vec![keys, dir.join("token.csv")],
+            ..SandboxConfig::default()
+        }
+    });
+    assert!(
+        h.backend.sandbox().hides_files(),
+        "{}",
+        h.backend.sandbox().describe()
+    );
+    let dir = h.dir.path().to_owned();
+
+    // The victim: a file in its own directory, and a file in /tmp.
+    let victim = "echo VICTIM-SECRET-43 > mine.txt; echo VICTIM-TMP-44 > /tmp/t.txt; id -u; echo ready; sleep 1000";
+    let c = container("c", json!(["sh", "-c", victim]), json!([]));
+    let js = jobset(
+        "v",
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    h.backend
+        .start(run_spec("victim", "v", vec![js]))
+        .await
+        .unwrap();
+    let running = h
+        .wait_for(&key("victim"), "a running pod", |r| {
+            phases(r) == ["Running"]
+        })
+        .await;
+    let victim_pod = running.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let victim_dir = dir.join("work/team/v-1").join(&victim_pod);
+    let mut stream = h
+        .backend
+        .logs("victim", &victim_pod, None, true, None)
+        .await
+        .unwrap();
+    let mut victim_log = String::new();
+    tokio::time::timeout(DEADLINE, async {
+        while !victim_log.contains("ready\n") {
+            victim_log
+                .push_str(std::str::from_utf8(&stream.next().await.unwrap().unwrap()).unwrap());
+        }
+    })
+    .await
+    .expect("the victim is ready");
+    assert!(victim_dir.join("mine.txt").exists());
+
+    let thief = format!(
+        "for f in {keys}/spoke.key {token} {mine} ../../v-1/{victim_pod}/mine.txt /tmp/t.txt; do \
+           cat \"$f\" 2>&1 || echo \"refused $f\"; done; \
+         echo \"runs: $(ls {work}/team 2>&1 | tr '\\n' ' ')\"; ls -a {keys} 2>&1; id -u; echo finished",
+        keys = dir.join("keys").display(),
+        token = dir.join("token.csv").display(),
+        mine = victim_dir.join("mine.txt").display(),
+        work = dir.join("work").display(),
+    );
+    let (done, log) = run_script(&mut h, "thief", &thief, json!({})).await;
+    assert_eq!(terminal(&done), Some("Completed"), "{log}");
+    assert!(log.ends_with("finished\n"), "{log}");
+    for secret in [
+        "KEY-SECRET-41",
+        "TOKEN-SECRET-42",
+        "VICTIM-SECRET-43",
+        "VICTIM-TMP-44",
+    ] {
+        assert!(!log.contains(secret), "{secret} leaked:\n{log}");
+    }
+    assert_eq!(log.matches("refused ").count(), 5, "{log}");
+    assert!(log.contains("No such file or directory"), "{log}");
+    // The work directory shows the thief's own run only.
+    assert!(log.contains("runs: thief-1 \n"), "{log}");
+    if running_as_root() {
+        let uid = |text: &str| -> u32 {
+            text.lines()
+                .find_map(|l| l.parse().ok())
+                .unwrap_or_else(|| panic!("no uid in {text:?}"))
+        };
+        let range = trainhub_spoke::backend::process::DEFAULT_RUN_UIDS;
+        let (victim_uid, thief_uid) = (uid(&victim_log), uid(&log));
+        assert!(
+            (range.first..=range.last).contains(&victim_uid),
+            "{victim_uid}"
+        );
+        assert!(
+            (range.first..=range.last).contains(&thief_uid),
+            "{thief_uid}"
+        );
+        assert_ne!(victim_uid, thief_uid, "each run has its own uid");
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(&victim_dir).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (victim_uid, 0o700));
+    }
+    h.backend.stop("victim", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_replaced_by_a_symlink_is_not_followed() {
+    let mut h = harness(&[]);
+    let secret = h.dir.path().join("secret.txt");
+    std::fs::write(&secret, "SPOKE-SECRET-45\n").unwrap();
+    let script = format!(
+        "echo before; rm c.log; ln -s {} c.log; echo after",
+        secret.display()
+    );
+    let (done, _) = {
+        let mut c = container("c", json!(["sh", "-c", script]), json!([]));
+        c["resources"] = json!({});
+        let js = jobset(
+            "sym",
+            json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+        );
+        h.backend
+            .start(run_spec("sym", "sym", vec![js]))
+            .await
+            .unwrap();
+        (
+            h.wait_for(&key("sym"), "a terminal state", |r| r.finished)
+                .await,
+            (),
+        )
+    };
+    assert_eq!(terminal(&done), Some("Completed"));
+    let pod = done.pods[0]["metadata"]["name"].as_str().unwrap();
+    match h.backend.logs("sym", pod, None, false, None).await {
+        Err(BackendError::Internal(message)) => {
+            assert!(message.contains("symlink"), "{message}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok(mut stream) => {
+            let mut text = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                text.extend_from_slice(&chunk.unwrap());
+            }
+            panic!("the symlink was read: {:?}", String::from_utf8_lossy(&text));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_hog_is_oom_killed_by_its_limit() {
+    let mut h = harness(&[("cpu", 4000), ("memory", 4 << 40)]);
+    if h.backend.sandbox().cgroups().is_none() {
+        assert!(
+            !running_as_root(),
+            "root, yet no cgroups: {}",
+            h.backend.sandbox().describe()
+        );
+        eprintln!("skipped: not root, no cgroups to limit memory with");
+        return;
+    }
+    let hog = "echo start; python3 -c 'x = bytearray(512 * 1024 * 1024); x[::4096] = b\"x\" * len(x[::4096]); print(\"survived\")'";
+    let (done, log) = run_script(
+        &mut h,
+        "hog",
+        hog,
+        json!({"limits": {"memory": "64Mi", "cpu": "500m"}}),
+    )
+    .await;
+    assert_eq!(terminal(&done), Some("Failed"), "{log}");
+    assert!(!log.contains("survived"), "{log}");
+    let pod = &done.pods[0];
+    assert_eq!(pod["status"]["phase"], "Failed");
+    let terminated = &pod["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(terminated["reason"], "OOMKilled", "{pod:#}");
+    assert_eq!(terminated["exitCode"], 137);
+
+    // Under the limit, the same container runs; its cpu quota is its limit.
+    let fine = "python3 -c 'x = bytearray(16 * 1024 * 1024); print(\"fits\")'; cat /sys/fs/cgroup/cpu/$(sed -n 's/^[0-9]*:cpu:\\(.*\\)/\\1/p' /proc/self/cgroup)/cpu.cfs_quota_us 2>/dev/null || cat /sys/fs/cgroup/$(sed -n 's/^0::\\(.*\\)/\\1/p' /proc/self/cgroup)/cpu.max";
+    let (done, log) = run_script(
+        &mut h,
+        "fits",
+        fine,
+        json!({"limits": {"memory": "256Mi", "cpu": "500m"}, "requests": {"memory": "1Mi"}}),
+    )
+    .await;
+    assert_eq!(terminal(&done), Some("Completed"), "{log}");
+    assert!(log.starts_with("fits\n"), "{log}");
+    assert!(
+        log.contains("50000"),
+        "cpu 500m is half of a 100000 us period: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_container_leaves_nothing_behind() {
+    let mut h = harness(&[]);
+    let marker = unique_sleep();
+    // The main process exits at once; its setsid grandchild would live on
+    // without a sandbox.
+    let script = format!("setsid sleep {marker} & echo child started");
+    let (done, log) = run_script(&mut h, "quick", &script, json!({})).await;
+    assert_eq!(terminal(&done), Some("Completed"), "{log}");
+    if !h.backend.sandbox().kills_trees() {
+        eprintln!("skipped: {}", h.backend.sandbox().describe());
+        return;
+    }
+    tokio::time::timeout(DEADLINE, async {
+        while pid_of_sleep(&marker).is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the grandchild dies with its container");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_of_a_killed_spoke_are_cleaned_up_at_the_next_start() {
+    // cgroup v1 as on this machine: the memory hierarchy at its usual place.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let Some(path) = own
+        .lines()
+        .find_map(|l| l.split_once(":memory:").map(|(_, p)| p.to_owned()))
+    else {
+        eprintln!("skipped: no cgroup v1 memory hierarchy");
+        return;
+    };
+    let parent = std::path::Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+    // A pid above pid_max: a backend that no longer exists.
+    let stale = parent.join("trainhub-4000000000-0");
+    if std::fs::create_dir_all(stale.join("pod/c")).is_err() {
+        assert!(!running_as_root(), "root, yet no cgroup v1 memory group");
+        eprintln!("skipped: cgroups are not writable");
+        return;
+    }
+    let marker = unique_sleep();
+    let mut orphan = std::process::Command::new("sleep")
+        .arg(&marker)
+        .spawn()
+        .unwrap();
+    std::fs::write(stale.join("pod/c/cgroup.procs"), orphan.id().to_string()).unwrap();
+    let h = harness(&[]);
+    assert!(h.backend.sandbox().cgroups().is_some());
+    let status = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if let Some(status) = orphan.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the orphan is killed");
+    use std::os::unix::process::ExitStatusExt as _;
+    assert_eq!(status.signal(), Some(9));
+    assert!(!stale.exists(), "the stale group is removed");
 }

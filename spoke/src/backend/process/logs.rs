@@ -35,6 +35,34 @@ pub fn tail_start(bytes: &[u8], lines: u64) -> usize {
     0
 }
 
+/// Opens a log for reading, refusing a symlink or anything but a regular
+/// file: the pod's directory is the run's, and the spoke must not read
+/// (or block on) what the run put there in the log's place.
+async fn open_nofollow(path: &std::path::Path) -> std::io::Result<tokio::fs::File> {
+    let file = tokio::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .await
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the log was replaced by a symlink; it is not followed",
+                )
+            } else {
+                e
+            }
+        })?;
+    if !file.metadata().await?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the log was replaced by something other than a file",
+        ));
+    }
+    Ok(file)
+}
+
 /// One container's log, as asked.
 pub(super) struct LogRequest {
     pub shared: Arc<Shared>,
@@ -58,7 +86,7 @@ impl LogRequest {
     /// not follow; `Internal` when the file cannot be read.
     pub(super) async fn open(self) -> Result<LogStream, BackendError> {
         let mut file = loop {
-            match tokio::fs::File::open(&self.path).await {
+            match open_nofollow(&self.path).await {
                 Ok(file) => break file,
                 Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
                     if self.ended() {

@@ -70,13 +70,30 @@
 //!
 //! Every process runs in its own process group; a container ends its group
 //! when its main process exits, and a stop kills the groups with SIGKILL.
+//!
+//! # Isolation
+//!
+//! A tenant writes the commands its pods run, so each container runs in a
+//! [sandbox]: its own uid per run when the spoke is root (`--run-as-user`),
+//! mount and PID namespaces (and a user namespace when the spoke is not
+//! root) that hide the spoke's work directory (other runs), its key and the
+//! hub's data directory but for the pod's own directory, private `/tmp`,
+//! `/var/tmp` and `/dev/shm`, no capabilities; cgroups with the container's
+//! `resources.limits` of memory and cpu (an OOM kill is reported as
+//! `OOMKilled`, exit code 137, as kubelet does); and the whole process tree
+//! of a pod dies with it, `setsid` or not. Requests are not limits: they
+//! only count against the declared capacity. A pod's directory is 0700 (its
+//! run uid's); its logs are the spoke's, never read or written through a
+//! symlink. What the machine does not allow is said once at start.
 
+pub mod cgroup;
 mod ledger;
 mod logs;
 pub mod plan;
 mod quantity;
 pub mod rewrite;
 mod run;
+pub mod sandbox;
 pub mod state;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -89,6 +106,7 @@ use tokio::sync::mpsc::UnboundedSender;
 pub use ledger::Ledger;
 pub use logs::tail_start;
 pub use quantity::{format_milli, parse_quantity_milli};
+pub use sandbox::{DEFAULT_RUN_UIDS, RunAsUser, Sandbox, SandboxConfig, UidRange};
 
 use super::{
     Backend, BackendError, BoxFuture, Capacity, HeldRun, LogStream, PodSetRequest, RunKey,
@@ -106,6 +124,8 @@ pub struct ProcessConfig {
     pub capacity: BTreeMap<String, i64>,
     /// `PATH` of the processes; None: the agent's.
     pub path_env: Option<OsString>,
+    /// How pods are isolated from the platform and from each other.
+    pub sandbox: SandboxConfig,
 }
 
 /// Runs pods as local processes. See the [module documentation](self).
@@ -116,6 +136,7 @@ pub struct ProcessBackend {
 /// What the backend and its run tasks share.
 pub(crate) struct Shared {
     config: ProcessConfig,
+    sandbox: Arc<Sandbox>,
     node_name: String,
     base_env: Vec<(OsString, OsString)>,
     reports: UnboundedSender<RunReport>,
@@ -128,8 +149,24 @@ struct Inner {
     images_noted: bool,
 }
 
+impl Inner {
+    /// A uid of `range` that no run holds.
+    fn free_uid(&self, range: UidRange) -> Result<u32, BackendError> {
+        let used: BTreeSet<u32> = self.runs.values().filter_map(|e| e.uid).collect();
+        (range.first..=range.last)
+            .find(|u| !used.contains(u))
+            .ok_or_else(|| {
+                BackendError::Internal(format!(
+                    "every run uid of --run-as-user {range} is taken by a run; widen the range"
+                ))
+            })
+    }
+}
+
 struct RunEntry {
     dir: PathBuf,
+    /// The run's own uid (and gid), when runs get one.
+    uid: Option<u32>,
     task: Option<tokio::task::JoinHandle<()>>,
     procs: Arc<Procs>,
     report: Option<RunReport>,
@@ -148,7 +185,9 @@ struct PodFiles {
 
 impl ProcessBackend {
     /// A backend that keeps its runs under `config.work_dir` (created if
-    /// missing) and sends every run report on `reports`.
+    /// missing, made 0700) and sends every run report on `reports`. Its
+    /// sandbox is set up from what the machine allows, and said in one log
+    /// line (a warning when runs are not isolated).
     ///
     /// # Errors
     ///
@@ -158,6 +197,12 @@ impl ProcessBackend {
         reports: UnboundedSender<RunReport>,
     ) -> std::io::Result<Arc<Self>> {
         std::fs::create_dir_all(&config.work_dir)?;
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&config.work_dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let sandbox = Arc::new(Sandbox::new(&config.sandbox, &config.work_dir));
+        say_once(&sandbox);
         let node_name = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .ok()
             .map(|s| s.trim().to_owned())
@@ -174,6 +219,7 @@ impl ProcessBackend {
         Ok(Arc::new(Self {
             shared: Arc::new(Shared {
                 config,
+                sandbox,
                 node_name,
                 base_env,
                 reports,
@@ -184,6 +230,32 @@ impl ProcessBackend {
                 }),
             }),
         }))
+    }
+}
+
+/// The sandbox's start line, once per process for the same line (`trainhub
+/// dev` starts several local spokes alike).
+fn say_once(sandbox: &Sandbox) {
+    static SAID: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let line = sandbox.describe();
+    if !SAID
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(line.clone())
+    {
+        return;
+    }
+    if sandbox.hides_files() && sandbox.kills_trees() {
+        tracing::info!("{line}");
+    } else {
+        tracing::warn!("{line}");
+    }
+}
+
+impl ProcessBackend {
+    /// The isolation its pods run in.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.shared.sandbox
     }
 }
 
@@ -323,12 +395,17 @@ impl Backend for ProcessBackend {
                 .work_dir
                 .join(&spec.namespace)
                 .join(format!("{}-{}", plan.name, spec.key.generation));
-            let procs = Arc::new(Procs::default());
+            let procs = Arc::new(Procs::new(Arc::clone(&self.shared.sandbox)));
+            let uid;
             {
                 let mut inner = self.shared.lock();
                 if inner.runs.contains_key(&spec.key) {
                     return Ok(());
                 }
+                uid = match self.shared.sandbox.run_uids() {
+                    Some(range) => Some(inner.free_uid(range)?),
+                    None => None,
+                };
                 if !inner.ledger.holds(&spec.key) {
                     inner.ledger.admit(&spec.key, &plan.pod_sets())?;
                 }
@@ -348,6 +425,7 @@ impl Backend for ProcessBackend {
                     spec.key.clone(),
                     RunEntry {
                         dir: dir.clone(),
+                        uid,
                         task: None,
                         procs: Arc::clone(&procs),
                         report: None,
@@ -370,6 +448,7 @@ impl Backend for ProcessBackend {
                 key: spec.key.clone(),
                 plan,
                 dir,
+                uid,
                 extra_env: spec.extra_env,
                 procs: Arc::clone(&procs),
             }));

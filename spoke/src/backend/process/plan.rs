@@ -9,6 +9,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::cgroup::Limits;
 use super::quantity::parse_quantity_milli;
 use super::rewrite::{Endpoints, LOCAL_IP};
 use crate::backend::PodSetRequest;
@@ -697,6 +698,20 @@ fn pod_requests(
     Ok(total)
 }
 
+/// A container's `resources.limits` of memory and cpu. Requests are not
+/// limits (as in Kubernetes, they only place the pod); quantities were
+/// checked when the run was planned.
+fn container_limits(c: &Container) -> Limits {
+    let milli = |resource: &str| {
+        let text = match c.resources.limits.get(resource)? {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        parse_quantity_milli(&text).ok()
+    };
+    Limits::from_milli(milli("memory"), milli("cpu"))
+}
+
 /// Who a pod is: what its env fieldRefs read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodIdentity {
@@ -723,6 +738,8 @@ pub struct Process {
     pub args: Vec<String>,
     /// In order; a later entry wins.
     pub env: Vec<(String, String)>,
+    /// Its `resources.limits`, enforced where the machine has cgroups.
+    pub limits: Limits,
 }
 
 /// A pod ready to run: init containers one after another, then containers.
@@ -971,6 +988,7 @@ impl RunPlan {
             program,
             args,
             env: full,
+            limits: container_limits(c),
         })
     }
 

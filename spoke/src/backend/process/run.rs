@@ -1,6 +1,7 @@
 //! Running one run: the supervisor task that drives [`RunState`] with the
 //! events of the pods' processes, and the pod tasks that start those
-//! processes, one process group each.
+//! processes, one process group (and, where the machine allows, one
+//! sandbox and one cgroup) each.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
@@ -16,6 +17,7 @@ use tokio::sync::mpsc;
 use super::Shared;
 use super::plan::{PodIdentity, Process, ResolveContext, RunPlan};
 use super::rewrite::Endpoints;
+use super::sandbox::{Launch, Sandbox};
 use super::state::{ContainerRef, PodEvent, RunState};
 use crate::backend::RunKey;
 
@@ -23,8 +25,9 @@ use crate::backend::RunKey;
 ///
 /// Starting a process and killing a pod take the same lock, so a pod that
 /// is killed starts nothing afterwards and nothing it started escapes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Procs {
+    sandbox: Arc<Sandbox>,
     inner: Mutex<ProcsInner>,
 }
 
@@ -34,9 +37,18 @@ struct ProcsInner {
     closed: bool,
     killed: BTreeSet<String>,
     groups: BTreeMap<String, BTreeSet<u32>>,
+    /// Pods that have cgroups.
+    cgroups: BTreeSet<String>,
 }
 
 impl Procs {
+    pub(super) fn new(sandbox: Arc<Sandbox>) -> Self {
+        Procs {
+            sandbox,
+            inner: Mutex::default(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, ProcsInner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -50,6 +62,9 @@ impl Procs {
         let mut inner = self.lock();
         if inner.closed || inner.killed.contains(uid) {
             return Ok(None);
+        }
+        if self.sandbox.cgroups().is_some() {
+            inner.cgroups.insert(uid.to_owned());
         }
         let child = start()?;
         if let Some(pid) = child.id() {
@@ -74,12 +89,15 @@ impl Procs {
     pub(super) fn kill_pods(&self, uids: &[String]) {
         let mut inner = self.lock();
         let mut groups = Vec::new();
+        let mut cgroups = Vec::new();
         for uid in uids {
             inner.killed.insert(uid.clone());
             groups.extend(inner.groups.remove(uid).into_iter().flatten());
+            cgroups.extend(inner.cgroups.take(uid));
         }
         drop(inner);
         groups.into_iter().for_each(kill_group);
+        self.remove_cgroups(cgroups);
     }
 
     /// Kills every process of the run; nothing starts any more.
@@ -90,9 +108,52 @@ impl Procs {
             .into_values()
             .flatten()
             .collect();
+        let cgroups: Vec<String> = std::mem::take(&mut inner.cgroups).into_iter().collect();
         drop(inner);
         groups.into_iter().for_each(kill_group);
+        self.remove_cgroups(cgroups);
     }
+
+    /// Kills whatever is left in the pods' cgroups (processes that left
+    /// their group or session) and removes the groups.
+    fn remove_cgroups(&self, pods: Vec<String>) {
+        if pods.is_empty() || self.sandbox.cgroups().is_none() {
+            return;
+        }
+        let sandbox = Arc::clone(&self.sandbox);
+        let work = move || {
+            if let Some(cgroups) = sandbox.cgroups() {
+                pods.iter().for_each(|pod| cgroups.remove_pod(pod));
+            }
+        };
+        // Freezing and waiting for the group to empty may take a moment.
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn_blocking(work)),
+            Err(_) => work(),
+        }
+    }
+}
+
+/// The reason kubelet gives a container its memory limit stopped.
+pub(super) const OOM_KILLED: &str = "OOMKilled";
+
+/// Opens (creating) a container's log for appending, never through a
+/// symlink: the pod's directory is the run's, which could have put one there.
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    Ok(file)
 }
 
 /// SIGKILL to a whole process group, through the `kill` command (no unsafe
@@ -151,6 +212,8 @@ pub(super) struct RunContext {
     pub key: RunKey,
     pub plan: Arc<RunPlan>,
     pub dir: PathBuf,
+    /// The run's own uid (and gid), when runs get one.
+    pub uid: Option<u32>,
     pub extra_env: Vec<(String, String)>,
     pub procs: Arc<Procs>,
 }
@@ -217,7 +280,7 @@ async fn launch(
         .resolve_pod(pod.rjob, pod.job_index, pod.index, &id, &resolve)
     {
         Err(message) => Err(message),
-        Ok(resolved) => write_files(&dir, &resolved.files)
+        Ok(resolved) => write_files(&dir, &resolved.files, ctx.uid)
             .await
             .map(|()| resolved)
             .map_err(|err| format!("cannot prepare the pod directory {}: {err}", dir.display())),
@@ -231,10 +294,18 @@ async fn launch(
             });
         }
         Ok(resolved) => {
+            let mut base_env = ctx.shared.base_env.clone();
+            if ctx.uid.is_some() {
+                // The spoke's home is not the run's: its own directory is.
+                base_env.retain(|(k, _)| k != "HOME");
+                base_env.push(("HOME".into(), dir.clone().into_os_string()));
+            }
             let task = PodTask {
                 uid: id.uid,
                 dir,
-                base_env: ctx.shared.base_env.clone(),
+                run_uid: ctx.uid,
+                sandbox: Arc::clone(&ctx.shared.sandbox),
+                base_env,
                 procs: Arc::clone(&ctx.procs),
                 events: events.clone(),
             };
@@ -243,7 +314,14 @@ async fn launch(
     }
 }
 
-async fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+/// The pod's directory with its volume files; the directory is the run
+/// uid's (when runs get one) and closed to others, the files read-only to it.
+async fn write_files(
+    dir: &Path,
+    files: &[(String, Vec<u8>)],
+    uid: Option<u32>,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     tokio::fs::create_dir_all(dir).await?;
     for (relative, bytes) in files {
         let path = dir.join(relative);
@@ -252,6 +330,10 @@ async fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result
         }
         tokio::fs::write(&path, bytes).await?;
     }
+    if let Some(uid) = uid {
+        std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;
+    }
+    tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).await?;
     Ok(())
 }
 
@@ -259,6 +341,8 @@ async fn write_files(dir: &Path, files: &[(String, Vec<u8>)]) -> std::io::Result
 struct PodTask {
     uid: String,
     dir: PathBuf,
+    run_uid: Option<u32>,
+    sandbox: Arc<Sandbox>,
     base_env: Vec<(OsString, OsString)>,
     procs: Arc<Procs>,
     events: mpsc::UnboundedSender<PodEvent>,
@@ -307,8 +391,13 @@ impl PodTask {
             at: Timestamp::now(),
         });
         let status = child.wait().await;
+        let oom_killed = self
+            .sandbox
+            .cgroups()
+            .is_some_and(|c| c.oom_killed(&self.uid, &process.name));
         self.procs.ended(&self.uid, pgid);
-        let (exit_code, signal, message) = match status {
+        self.remove_cgroup(&process.name).await;
+        let (mut exit_code, mut signal, message) = match status {
             Ok(status) => {
                 use std::os::unix::process::ExitStatusExt as _;
                 match (status.code(), status.signal()) {
@@ -319,38 +408,64 @@ impl PodTask {
             }
             Err(err) => (1, None, Some(format!("cannot wait for the process: {err}"))),
         };
+        let mut reason = None;
+        if oom_killed && exit_code != 0 {
+            // As kubelet reports a container its memory limit stopped: the
+            // kernel's SIGKILL, whatever the sandbox's shell made of it.
+            reason = Some(OOM_KILLED.to_owned());
+            exit_code = 137;
+            signal = Some(9);
+        }
         let _ = self.events.send(PodEvent::Exited {
             uid: self.uid.clone(),
             container: which,
             exit_code,
             signal,
-            reason: None,
+            reason,
             message,
             at: Timestamp::now(),
         });
         Some(exit_code)
     }
 
+    /// Kills what is left of a container in its cgroup (its main process
+    /// ended) and removes the group.
+    async fn remove_cgroup(&self, container: &str) {
+        if self.sandbox.cgroups().is_none() {
+            return;
+        }
+        let sandbox = Arc::clone(&self.sandbox);
+        let (pod, container) = (self.uid.clone(), container.to_owned());
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Some(c) = sandbox.cgroups() {
+                c.remove_container(&pod, &container);
+            }
+        })
+        .await;
+    }
+
     fn command(&self, process: &Process) -> std::io::Result<tokio::process::Child> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{}.log", process.name)))?;
+        let log = open_log(&self.dir.join(format!("{}.log", process.name)))?;
         let stderr = log.try_clone()?;
-        // A relative program path is the pod directory's, as a container's
-        // would be its working directory's.
-        let program = if process.program.contains('/') {
-            self.dir.join(&process.program)
-        } else {
-            PathBuf::from(&process.program)
+        let cgroup_procs = match self.sandbox.cgroups() {
+            Some(c) => c.create_container(&self.uid, &process.name, process.limits)?,
+            None => Vec::new(),
         };
-        let mut command = tokio::process::Command::new(program);
+        let mut env: Vec<(OsString, OsString)> = self.base_env.clone();
+        for (k, v) in &process.env {
+            let k = OsString::from(k);
+            env.retain(|(name, _)| *name != k);
+            env.push((k, OsString::from(v)));
+        }
+        let mut command = self.sandbox.command(&Launch {
+            pod_dir: &self.dir,
+            program: &process.program,
+            args: &process.args,
+            env,
+            uid: self.run_uid,
+            cgroup_procs,
+        });
         command
-            .args(&process.args)
-            .current_dir(&self.dir)
-            .env_clear()
-            .envs(self.base_env.iter().map(|(k, v)| (k, v)))
-            .envs(process.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(stderr))
