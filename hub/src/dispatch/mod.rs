@@ -1222,7 +1222,7 @@ impl Dispatch {
             trainjob = %job,
             run = run_id,
             refused = why,
-            "refused a {what} a spoke reported: a spoke writes only the objects of the runs placed on it"
+            "refused {what} a spoke reported: a spoke writes only the objects of the runs placed on it"
         );
     }
 
@@ -1262,19 +1262,19 @@ impl Dispatch {
         let mut taken = Vec::new();
         for raw in &report.events_json {
             let Ok(mut event) = serde_json::from_str::<Value>(raw) else {
-                self.refuse(spoke, job, &report.run_id, "event", "not JSON");
+                self.refuse(spoke, job, &report.run_id, "an event", "not JSON");
                 continue;
             };
             let name = match authority::check_event(&event, job) {
                 Ok(name) => name,
                 Err(why) => {
-                    self.refuse(spoke, job, &report.run_id, "event", &why);
+                    self.refuse(spoke, job, &report.run_id, "an event", &why);
                     continue;
                 }
             };
             let involved = event["involvedObject"]["name"].as_str().unwrap_or_default();
             if let Some(why) = self.other_owner(involved, job) {
-                self.refuse(spoke, job, &report.run_id, "event", &why);
+                self.refuse(spoke, job, &report.run_id, "an event", &why);
                 continue;
             }
             let known = lock(&self.events)
@@ -1286,7 +1286,7 @@ impl Dispatch {
                 let why = format!(
                     "the TrainJob has {MAX_EVENTS_PER_TRAINJOB} events, the most a TrainJob keeps"
                 );
-                self.refuse(spoke, job, &report.run_id, "event", &why);
+                self.refuse(spoke, job, &report.run_id, "an event", &why);
                 break;
             }
             if !known.is_some_and(|(k, _)| k)
@@ -1295,9 +1295,11 @@ impl Dispatch {
                     &report.run_id,
                 )
             {
-                self.refuse(spoke, job, &report.run_id, "event", &why);
+                self.refuse(spoke, job, &report.run_id, "an event", &why);
                 continue;
             }
+            event["apiVersion"] = "v1".into();
+            event["kind"] = "Event".into();
             if !event["metadata"]["annotations"].is_object() {
                 event["metadata"]["annotations"] = json!({});
             }
@@ -1346,18 +1348,18 @@ impl Dispatch {
             lock(&self.pods).get(key).cloned().unwrap_or_default();
         for raw in &report.pods_json {
             let Ok(pod) = serde_json::from_str::<Value>(raw) else {
-                self.refuse(spoke, key, &report.run_id, "pod", "not JSON");
+                self.refuse(spoke, key, &report.run_id, "a pod", "not JSON");
                 continue;
             };
             let name = match authority::check_pod(&pod, key) {
                 Ok(name) => name,
                 Err(why) => {
-                    self.refuse(spoke, key, &report.run_id, "pod", &why);
+                    self.refuse(spoke, key, &report.run_id, "a pod", &why);
                     continue;
                 }
             };
             if let Some(why) = self.other_owner(&name, key) {
-                self.refuse(spoke, key, &report.run_id, "pod", &why);
+                self.refuse(spoke, key, &report.run_id, "a pod", &why);
                 continue;
             }
             let hash = hash_of(&(spoke, report.generation, raw));
@@ -1369,7 +1371,7 @@ impl Dispatch {
                 && let Some(why) = self
                     .owned_by_other(&Key::new(PODS, Some(&key.namespace), &name), &report.run_id)
             {
-                self.refuse(spoke, key, &report.run_id, "pod", &why);
+                self.refuse(spoke, key, &report.run_id, "a pod", &why);
                 continue;
             }
             present.insert(name.clone());

@@ -32,6 +32,28 @@ fn trainjob(name: &str, selector: &str, script: &str) -> String {
     )
 }
 
+/// The name of the pod of a one-pod TrainJob, once the hub shows it.
+async fn pod_of(hub: &DevHub, job: &str) -> String {
+    wait_for(
+        &format!("the pod of {job}"),
+        Duration::from_secs(120),
+        log_of(hub),
+        || {
+            let out = hub.kubectl(&[
+                "get",
+                "pods",
+                "-l",
+                &format!("jobset.sigs.k8s.io/jobset-name={job}"),
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ]);
+            let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && !name.is_empty()).then_some(name)
+        },
+    )
+    .await
+}
+
 /// `.status.conditions[*].type` of a TrainJob.
 fn conditions(hub: &DevHub, name: &str) -> String {
     let out = hub.kubectl(&[
@@ -54,10 +76,11 @@ async fn a_log_follower_that_never_reads_stalls_no_other_job() {
         Some(&trainjob(
             "talker",
             "",
-            "yes 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde | head -c 33554432; echo talked; sleep 600",
+            "yes 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde | head -c 33554432; echo talked; sleep 300",
         )),
     );
-    let pod = "talker-node-0-0";
+    let pod = pod_of(&hub, "talker").await;
+    let pod = pod.as_str();
     wait_for(
         "the talker's log written",
         Duration::from_secs(120),
@@ -108,13 +131,16 @@ async fn a_log_follower_that_never_reads_stalls_no_other_job() {
         || conditions(&hub, "quiet").contains("Complete").then_some(()),
     )
     .await;
-    let logs = hub.kubectl_ok(&["logs", "quiet-node-0-0"]);
+    let quiet = pod_of(&hub, "quiet").await;
+    let logs = hub.kubectl_ok(&["logs", &quiet]);
     assert_eq!(logs.trim(), "quiet-done");
     // The talker's logs can still be read by a reader that reads.
     let last = hub.kubectl_ok(&["logs", pod, "--tail", "1"]);
     assert_eq!(last.trim(), "talked");
     let _ = stuck.kill();
     let _ = stuck.wait();
+    // Stopped before the hub goes, so no process outlives the test.
+    hub.kubectl_ok(&["delete", "trainjob", "talker", "--wait=true"]);
 }
 
 async fn connect(
