@@ -28,7 +28,7 @@ struct Fixture {
     store: Arc<dyn Store>,
     dispatch: Arc<Dispatch>,
     a: Session,
-    _b: Session,
+    b: Session,
     ja: String,
     jb: String,
     /// `b`'s objects as the store held them before `a` spoke.
@@ -197,7 +197,7 @@ impl Fixture {
             store,
             dispatch,
             a,
-            _b: b,
+            b,
             ja,
             jb,
             before,
@@ -456,5 +456,76 @@ fn no_message_sequence_lets_a_spoke_touch_another_spokes_runs() {
             while fixture.a.rx.try_recv().is_ok() {}
         });
         fixture.check()?;
+    });
+}
+
+#[test]
+fn a_log_reader_that_falls_behind_is_dropped_and_only_the_asked_session_writes() {
+    use futures_util::StreamExt;
+    use trainhub::dispatch::LOG_BUFFER_CHUNKS;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let mut f = Fixture::new().await;
+        let pod = f.before[0].1.clone().expect("b's pod");
+        let mut stream = f
+            .dispatch
+            .log_source()
+            .logs(&pod, None, true, None)
+            .await
+            .expect("a log stream");
+        let request = next(&mut f.b, |m| match m {
+            pb::hub_message::Message::LogRequest(r) if !r.cancel => Some(r),
+            _ => None,
+        })
+        .await;
+        assert_eq!(request.request_id.len(), 32, "{request:?}");
+        assert!(request.request_id.bytes().all(|b| b.is_ascii_hexdigit()));
+        let chunk = |data: &str, id: &str| {
+            Message::Log(pb::LogChunk {
+                request_id: id.to_string(),
+                data: data.as_bytes().to_vec(),
+                eof: false,
+                error: String::new(),
+            })
+        };
+        // Spoke a, even knowing the id, cannot write to b's stream.
+        f.dispatch
+            .on_message("a", f.a.id, chunk("forged\n", &request.request_id));
+        // b writes more than the reader's buffer while nobody reads: no
+        // call waits, and the stream is dropped once the buffer is full.
+        for i in 0..=LOG_BUFFER_CHUNKS {
+            f.dispatch.on_message(
+                "b",
+                f.b.id,
+                chunk(&format!("line {i}\n"), &request.request_id),
+            );
+        }
+        let cancel = next(&mut f.b, |m| match m {
+            pb::hub_message::Message::LogRequest(r) if r.cancel => Some(r),
+            _ => None,
+        })
+        .await;
+        assert_eq!(cancel.request_id, request.request_id);
+        // The reader gets what was buffered, b's lines only, then the error.
+        let mut lines = Vec::new();
+        let error = loop {
+            match tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .expect("the stream goes on")
+            {
+                Some(Ok(bytes)) => lines.push(String::from_utf8_lossy(&bytes).into_owned()),
+                Some(Err(e)) => break e.to_string(),
+                None => panic!("the stream ended without an error after {lines:?}"),
+            }
+        };
+        assert_eq!(lines.len(), LOG_BUFFER_CHUNKS);
+        assert_eq!(lines[0], "line 0\n");
+        assert!(lines.iter().all(|l| l.starts_with("line ")), "{lines:?}");
+        assert!(error.contains("the log reader fell behind"), "{error}");
+        assert_eq!(f.dispatch.footprint().log_streams, 0);
     });
 }
