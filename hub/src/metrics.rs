@@ -140,7 +140,11 @@ pub fn routes(dispatch: Arc<Dispatch>, admin_groups: Vec<String>) -> (Router, Ro
                     return refused.into_response();
                 }
                 // Rendered off the async workers: it reads the store.
+                // One scrape at a time: a refresh resets per-spoke series
+                // that a concurrent render would see half set.
+                static RENDER: std::sync::Mutex<()> = std::sync::Mutex::new(());
                 let text = tokio::task::spawn_blocking(move || {
+                    let _one = RENDER.lock().unwrap_or_else(|p| p.into_inner());
                     dispatch.refresh_metrics();
                     hub().registry.render()
                 })
