@@ -233,6 +233,13 @@ enum Step {
         data: Vec<u8>,
         eof: bool,
     },
+    /// Pods, events and status as arbitrary text (JSON or not).
+    Raw {
+        run: u8,
+        pods: Vec<String>,
+        events: Vec<String>,
+        status: String,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -268,6 +275,29 @@ fn step() -> impl Strategy<Value = Step> {
             any::<bool>()
         )
             .prop_map(|(id, data, eof)| Step::Log { id, data, eof }),
+        (
+            any::<u8>(),
+            proptest::collection::vec(json_ish(), 0..4),
+            proptest::collection::vec(json_ish(), 0..4),
+            json_ish(),
+        )
+            .prop_map(|(run, pods, events, status)| Step::Raw {
+                run,
+                pods,
+                events,
+                status,
+            }),
+    ]
+}
+
+/// Text that is often JSON and sometimes almost.
+fn json_ish() -> impl Strategy<Value = String> {
+    prop_oneof![
+        ".{0,40}",
+        r#"\{"metadata":\{"name":"[a-z.-]{0,20}"(,"namespace":"[a-z]{0,8}")?\}\}"#,
+        r#"\{"conditions":\[\{"type":"(Complete|Failed)","status":"True"\}\]\}"#,
+        Just("[]".to_string()),
+        Just("null".to_string()),
     ]
 }
 
@@ -368,6 +398,23 @@ impl Fixture {
                     r.generation = *generation;
                 }
                 m
+            }
+            Step::Raw {
+                run,
+                pods,
+                events,
+                status,
+            } => {
+                *seq += 1;
+                Message::Report(pb::RunReport {
+                    run_id: self.run_id(*run),
+                    generation: 1,
+                    seq: *seq,
+                    jobset_status_json: status.clone(),
+                    pods_json: pods.clone(),
+                    finished: false,
+                    events_json: events.clone(),
+                })
             }
             Step::Log { id, data, eof } => Message::Log(pb::LogChunk {
                 request_id: id.clone(),
