@@ -1051,8 +1051,12 @@ impl Dispatch {
     /// fresh report of every run it holds on it, so whatever the old session
     /// still carries is older than what the hub has (or is about to have)
     /// from the new one, and taking it would set a TrainJob's status back.
-    /// Admission answers and log chunks stay valid: they answer requests
-    /// made on the old session, which the new one does not repeat.
+    /// Admission answers still count (a late one is withdrawn like any
+    /// other); log chunks go only to streams the same session was asked to
+    /// serve, and a replaced session's streams have ended.
+    ///
+    /// Never waits: a chunk for a log reader that is not keeping up drops
+    /// that reader, not the session.
     pub fn on_message(&self, spoke: &str, session: u64, message: pb::spoke_message::Message) {
         use pb::spoke_message::Message;
         if matches!(message, Message::Report(_) | Message::Heartbeat(_))
