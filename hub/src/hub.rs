@@ -109,6 +109,7 @@ impl Hub {
                 .with_context(|| format!("reading the policy file {}", path.display()))?,
             None => Policy::default(),
         };
+        let admin_groups = policy.admin_groups.clone();
         let admission = Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()));
         let dispatch = Dispatch::new(
             store.clone(),
@@ -124,7 +125,7 @@ impl Hub {
                 config.client_ca.is_some(),
             )))
             .authorizer(Arc::new(PolicyAuthorizer::new(policy)));
-        let (public, authenticated) = crate::metrics::routes(dispatch.clone());
+        let (public, authenticated) = crate::metrics::routes(dispatch.clone(), admin_groups);
         builder = builder.routes(public, authenticated);
         for def in api::resources()? {
             builder = builder.resource(def);

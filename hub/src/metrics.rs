@@ -1,4 +1,10 @@
-//! The hub's Prometheus metrics, served on `/metrics` of the API port.
+//! The hub's Prometheus metrics, served on `/metrics` of the API port to
+//! the policy's admin groups.
+//!
+//! Label values come from bounded sets only: states, plugin names and
+//! phases, spoke names (certificate identities) and their resources (at
+//! most [`trainhub_proto::limits::MAX_RESOURCES`] each); never a
+//! TrainJob's name or uid.
 //!
 //! Counters and histograms are recorded where things happen; gauges that
 //! mirror state (TrainJobs by state, queue depth, spokes) are read from the
@@ -8,9 +14,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
-use trainhub_apiserver::auth::{DEFAULT_ADMIN_GROUPS, UserInfo};
+use trainhub_apiserver::auth::UserInfo;
+use trainhub_apiserver::status::ApiError;
 
 use trainhub_telemetry::metrics::{
     Counter, Family, FloatGauge, Gauge, Histogram, Labels, Metrics, labels, latency_family,
@@ -113,54 +121,103 @@ impl HubMetrics {
     }
 }
 
-/// The hub's own routes on the API port: `GET /metrics` (no
-/// authentication: it shows counts, spoke and plugin names, nothing of a
-/// TrainJob's content) and kube-apiserver's `GET`/`PUT /debug/flags/v`
-/// (the log level; admin groups only).
-pub fn routes(dispatch: Arc<Dispatch>) -> (Router, Router) {
-    let public = Router::new().route(
-        "/metrics",
-        get(move || {
-            let dispatch = dispatch.clone();
+/// The hub's own routes on the API port, behind the API's
+/// authentication (401 without credentials) and for the policy's
+/// `admin_groups` only (403 otherwise), as kube-apiserver serves them to
+/// `system:masters`: `GET /metrics` and `GET`/`PUT /debug/flags/v` (the
+/// log level). A Prometheus scrapes `/metrics` with an admin's bearer
+/// token (the Helm chart's ServiceMonitor takes it from a Secret).
+///
+/// Returns (public, authenticated) routes, as the API server takes them.
+pub fn routes(dispatch: Arc<Dispatch>, admin_groups: Vec<String>) -> (Router, Router) {
+    let admins = Arc::new(admin_groups);
+    let metrics = {
+        let admins = admins.clone();
+        get(move |Extension(user): Extension<UserInfo>| {
+            let (dispatch, admins) = (dispatch.clone(), admins.clone());
             async move {
-                dispatch.refresh_metrics();
-                (
-                    [(header::CONTENT_TYPE, OPENMETRICS)],
-                    hub().registry.render(),
-                )
+                if let Err(refused) = admit(&user, &admins, "get", "/metrics") {
+                    return refused.into_response();
+                }
+                // Rendered off the async workers: it reads the store.
+                // One scrape at a time: a refresh resets per-spoke series
+                // that a concurrent render would see half set.
+                static RENDER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+                let text = tokio::task::spawn_blocking(move || {
+                    let _one = RENDER.lock().unwrap_or_else(|p| p.into_inner());
+                    dispatch.refresh_metrics();
+                    hub().registry.render()
+                })
+                .await;
+                match text {
+                    Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response(),
+                    Err(e) => {
+                        ApiError::internal(format!("rendering the metrics: {e}")).into_response()
+                    }
+                }
             }
-        }),
-    );
-    let authenticated = Router::new().route("/debug/flags/v", get(get_level).put(put_level));
-    (public, authenticated)
+        })
+    };
+    let level = {
+        let (a, b) = (admins.clone(), admins);
+        get(move |user: Extension<UserInfo>| get_level(user, a.clone()))
+            .put(move |user: Extension<UserInfo>, body: String| put_level(user, b.clone(), body))
+    };
+    let authenticated = Router::new()
+        .route("/metrics", metrics)
+        .route("/debug/flags/v", level);
+    (Router::new(), authenticated)
 }
 
 /// What `/metrics` answers: the OpenMetrics text format (Prometheus reads
 /// it, and its classic text parser too).
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-fn is_admin(user: &UserInfo) -> bool {
-    DEFAULT_ADMIN_GROUPS.iter().any(|g| user.in_group(g))
+/// Admins only: the 403 kube-apiserver answers for a non-resource URL.
+// ApiError is the apiserver crate's error; its size is that crate's call.
+#[allow(clippy::result_large_err)]
+fn admit(user: &UserInfo, admins: &[String], verb: &str, path: &str) -> Result<(), ApiError> {
+    if admins.iter().any(|g| user.in_group(g)) {
+        return Ok(());
+    }
+    tracing::info!(user = %user.name, verb, path, "forbidden: not in an admin group");
+    Err(ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "forbidden: User {:?} cannot {verb} path {path:?}: it is for the admin groups of the policy ({})",
+            user.name,
+            if admins.is_empty() {
+                "none configured".to_string()
+            } else {
+                admins.join(", ")
+            }
+        ),
+    ))
 }
 
-async fn get_level(Extension(user): Extension<UserInfo>) -> (StatusCode, String) {
-    if !is_admin(&user) {
-        return forbidden(&user);
+async fn get_level(Extension(user): Extension<UserInfo>, admins: Arc<Vec<String>>) -> Response {
+    if let Err(refused) = admit(&user, &admins, "get", "/debug/flags/v") {
+        return refused.into_response();
     }
     match trainhub_telemetry::level_handle() {
-        Some(level) => (StatusCode::OK, format!("{}\n", level.current())),
-        None => (StatusCode::NOT_FOUND, "no log level to change\n".into()),
+        Some(level) => (StatusCode::OK, format!("{}\n", level.current())).into_response(),
+        None => (StatusCode::NOT_FOUND, "no log level to change\n").into_response(),
     }
 }
 
 /// Sets the log level: a verbosity as kube-apiserver takes it (`4`) or a
 /// `RUST_LOG` filter (`info,trainhub=debug`).
-async fn put_level(Extension(user): Extension<UserInfo>, body: String) -> (StatusCode, String) {
-    if !is_admin(&user) {
-        return forbidden(&user);
+async fn put_level(
+    Extension(user): Extension<UserInfo>,
+    admins: Arc<Vec<String>>,
+    body: String,
+) -> Response {
+    if let Err(refused) = admit(&user, &admins, "put", "/debug/flags/v") {
+        return refused.into_response();
     }
     let Some(level) = trainhub_telemetry::level_handle() else {
-        return (StatusCode::NOT_FOUND, "no log level to change\n".into());
+        return (StatusCode::NOT_FOUND, "no log level to change\n").into_response();
     };
     match level.set(&body) {
         Ok(filter) => {
@@ -169,18 +226,38 @@ async fn put_level(Extension(user): Extension<UserInfo>, body: String) -> (Statu
                 StatusCode::OK,
                 format!("successfully set log filter to {filter}\n"),
             )
+                .into_response()
         }
-        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")),
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     }
 }
 
-fn forbidden(user: &UserInfo) -> (StatusCode, String) {
-    (
-        StatusCode::FORBIDDEN,
-        format!(
-            "user {:?} may not change the log level: it takes one of the groups {}\n",
-            user.name,
-            DEFAULT_ADMIN_GROUPS.join(", ")
-        ),
-    )
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(groups: &[&str]) -> UserInfo {
+        UserInfo {
+            name: "bob".into(),
+            uid: String::new(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn only_the_policys_admin_groups_are_admitted() {
+        let admins = vec!["ops".to_string()];
+        assert!(admit(&user(&["ops"]), &admins, "get", "/metrics").is_ok());
+        // The default admin groups are not admins when the policy names others.
+        let e = admit(&user(&["system:masters"]), &admins, "get", "/metrics").unwrap_err();
+        assert_eq!(e.code, 403);
+        assert!(
+            e.message.contains("cannot get path \"/metrics\""),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("(ops)"), "{}", e.message);
+        let none: Vec<String> = Vec::new();
+        assert!(admit(&user(&["ops"]), &none, "put", "/debug/flags/v").is_err());
+    }
 }

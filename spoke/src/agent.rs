@@ -20,6 +20,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tracing::Instrument;
 use trainhub_proto as pb;
+use trainhub_proto::limits::{MAX_EVENTS_PER_REPORT, MAX_LOG_CHUNK_BYTES, MAX_MESSAGE_BYTES};
 
 use trainhub_telemetry::metrics::labels;
 use trainhub_telemetry::propagation::{Parent, TRACEPARENT};
@@ -118,6 +119,13 @@ struct Shared {
 
 impl Shared {
     fn report_message(&self, report: &RunReport) -> pb::SpokeMessage {
+        if report.events.len() > MAX_EVENTS_PER_REPORT {
+            tracing::warn!(
+                run = %report.key.run_id,
+                events = report.events.len(),
+                "a report carries at most {MAX_EVENTS_PER_REPORT} events; the rest are not sent"
+            );
+        }
         let seq = {
             let mut seq = lock(&self.seq);
             let n = seq.entry(report.key.run_id.clone()).or_default();
@@ -132,7 +140,12 @@ impl Shared {
                 jobset_status_json: report.jobset_status.to_string(),
                 pods_json: report.pods.iter().map(|p| p.to_string()).collect(),
                 finished: report.finished,
-                events_json: report.events.iter().map(|e| e.to_string()).collect(),
+                events_json: report
+                    .events
+                    .iter()
+                    .take(MAX_EVENTS_PER_REPORT)
+                    .map(|e| e.to_string())
+                    .collect(),
             })),
         }
     }
@@ -242,8 +255,9 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20));
     let channel = endpoint.connect().await?;
-    let mut client =
-        pb::spoke_client::SpokeClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut client = pb::spoke_client::SpokeClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
 
     let (tx, rx) = mpsc::unbounded_channel();
     let backend = &shared.backend;
@@ -452,11 +466,15 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
                         while let Some(item) = stream.next().await {
                             match item {
                                 Ok(bytes) => {
-                                    if tx
-                                        .send(chunk(bytes.to_vec(), false, String::new()))
-                                        .is_err()
-                                    {
-                                        return;
+                                    // The hub takes chunks of at most
+                                    // MAX_LOG_CHUNK_BYTES.
+                                    for piece in bytes.chunks(MAX_LOG_CHUNK_BYTES) {
+                                        if tx
+                                            .send(chunk(piece.to_vec(), false, String::new()))
+                                            .is_err()
+                                        {
+                                            return;
+                                        }
                                     }
                                 }
                                 Err(e) => {

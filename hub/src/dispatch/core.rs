@@ -292,6 +292,22 @@ impl Dispatcher {
             .count()
     }
 
+    /// The TrainJobs placed on a spoke.
+    pub fn placed_jobs(&self) -> std::collections::HashSet<JobKey> {
+        self.jobs
+            .values()
+            .filter(|j| j.placed_on().is_some_and(|s| !s.is_empty()))
+            .map(|j| j.info.key.clone())
+            .collect()
+    }
+
+    /// The names of a TrainJob's pod sets (its JobSet's replicated jobs),
+    /// while it wants to run.
+    pub fn pod_set_names(&self, key: &JobKey) -> Option<Vec<&str>> {
+        let job = self.jobs.get(key)?;
+        Some(job.info.pod_sets.iter().map(|p| p.name.as_str()).collect())
+    }
+
     /// The spoke a TrainJob is placed on, with the generation.
     pub fn placement(&self, key: &JobKey) -> Option<(&str, i64)> {
         let job = self.jobs.get(key)?;

@@ -14,6 +14,7 @@
 //! `trainhub.kubeflow.org/spoke-selector` (a label selector over spoke
 //! labels, e.g. `region=eu,gpu.product in (H100,A100)`).
 
+pub mod authority;
 pub mod core;
 mod observe;
 
@@ -130,6 +131,18 @@ impl DispatchArgs {
     }
 }
 
+/// Sizes of what [`Dispatch`] holds in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint {
+    pub sessions: usize,
+    pub log_streams: usize,
+    pub jobs_with_pods: usize,
+    pub pods: usize,
+    pub jobs_with_events: usize,
+    pub events: usize,
+    pub statuses: usize,
+}
+
 /// What a TrainJob asks for, and the enforced runtime info it comes from.
 struct Demand {
     pod_sets: Vec<PodSetDemand>,
@@ -139,8 +152,39 @@ struct Demand {
 struct Session {
     id: u64,
     tx: mpsc::UnboundedSender<pb::HubMessage>,
+    /// Ends the session's stream, with the reason (a newer session of the
+    /// same spoke replaced it).
+    close: tokio::sync::watch::Sender<Option<String>>,
     labels: Vec<(String, String)>,
     allocatable: Vec<(String, i64)>,
+}
+
+/// Chunks buffered per log stream for its reader: with chunks of at most
+/// [`pb::limits::MAX_LOG_CHUNK_BYTES`], 4 MiB. A reader that falls further
+/// behind is dropped, with an error at the end of what it was sent.
+pub const LOG_BUFFER_CHUNKS: usize = 64;
+/// Events remembered per TrainJob (to remove them with it); a spoke's
+/// events past this are refused.
+pub const MAX_EVENTS_PER_TRAINJOB: usize = 10_000;
+
+/// An open log stream: the spoke and the session it was asked of (only
+/// they may write to it), and its reader's buffer.
+struct LogStream {
+    spoke: String,
+    session: u64,
+    tx: mpsc::Sender<Bytes>,
+    /// Why the stream ended early; the reader gets it after the buffered
+    /// data.
+    ended: Arc<Mutex<Option<String>>>,
+}
+
+/// A new log stream id: 128 random bits, hex (not guessable, so one
+/// spoke cannot write into a stream another spoke serves).
+fn log_stream_id() -> Result<String, ApiError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| ApiError::internal(format!("no randomness for a log stream id: {e}")))?;
+    Ok(hex::encode(bytes))
 }
 
 /// A write for the store writer; `done` learns whether it was committed.
@@ -163,7 +207,7 @@ pub struct Dispatch {
     state: Mutex<Dispatcher>,
     sessions: Mutex<HashMap<String, Session>>,
     next_id: std::sync::atomic::AtomicU64,
-    logs: Mutex<HashMap<String, mpsc::Sender<Result<Bytes, String>>>>,
+    logs: Mutex<HashMap<String, LogStream>>,
     /// Pod sets per TrainJob (uid, metadata.generation), and the enforced
     /// runtime info they come from (which the Build phase starts from).
     demand: moka::sync::Cache<(String, i64), Arc<Demand>>,
@@ -235,37 +279,38 @@ impl Dispatch {
     }
 
     /// Sets the metrics that mirror dispatch state (TrainJobs by state,
-    /// queue depth, spokes), before a scrape.
+    /// queue depth, spokes), before a scrape. The dispatcher is locked only
+    /// to copy what it knows, not while the TrainJobs are counted.
     pub fn refresh_metrics(&self) {
         let m = crate::metrics::hub();
+        let (connected, queued, placed) = {
+            let state = lock(&self.state);
+            (
+                state.connected_spokes(),
+                state.queue_depth(),
+                state.placed_jobs(),
+            )
+        };
+        m.connected_spokes
+            .set(i64::try_from(connected).unwrap_or(i64::MAX));
+        m.queue_depth.set(i64::try_from(queued).unwrap_or(i64::MAX));
         let (trainjobs, _) = self.store.list(TRAINJOBS, None);
         let mut counts: HashMap<&str, i64> = HashMap::new();
-        {
-            let state = lock(&self.state);
-            m.connected_spokes
-                .set(i64::try_from(state.connected_spokes()).unwrap_or(i64::MAX));
-            m.queue_depth
-                .set(i64::try_from(state.queue_depth()).unwrap_or(i64::MAX));
-            for object in &trainjobs {
-                let v = &object.value;
-                let status = &v["status"];
-                let key = job_key(&object.key.namespace, &object.key.name);
-                let name = if is_true(status, CONDITION_COMPLETE) {
-                    "Complete"
-                } else if is_true(status, CONDITION_FAILED) {
-                    "Failed"
-                } else if v["spec"]["suspend"] == true {
-                    "Suspended"
-                } else if state
-                    .placement(&key)
-                    .is_some_and(|(spoke, _)| !spoke.is_empty())
-                {
-                    "Running"
-                } else {
-                    "Queued"
-                };
-                *counts.entry(name).or_default() += 1;
-            }
+        for object in &trainjobs {
+            let v = &object.value;
+            let status = &v["status"];
+            let name = if is_true(status, CONDITION_COMPLETE) {
+                "Complete"
+            } else if is_true(status, CONDITION_FAILED) {
+                "Failed"
+            } else if v["spec"]["suspend"] == true {
+                "Suspended"
+            } else if placed.contains(&job_key(&object.key.namespace, &object.key.name)) {
+                "Running"
+            } else {
+                "Queued"
+            };
+            *counts.entry(name).or_default() += 1;
         }
         for state in ["Queued", "Running", "Suspended", "Complete", "Failed"] {
             m.trainjobs
@@ -273,6 +318,35 @@ impl Dispatch {
                 .set(counts.get(state).copied().unwrap_or(0));
         }
         self.observe.refresh_spokes();
+    }
+
+    /// Resolves once every write queued before the call is committed (or
+    /// failed): a barrier for tests.
+    pub async fn settled(&self) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let _ = self.writer.send(Write {
+            done: Some(Box::new(move |_| {
+                let _ = tx.send(());
+            })),
+            ..Write::default()
+        });
+        let _ = rx.await;
+    }
+
+    /// What the runner holds per spoke, run and stream, for tests that
+    /// show it stays bounded.
+    pub fn footprint(&self) -> Footprint {
+        let pods = lock(&self.pods);
+        let events = lock(&self.events);
+        Footprint {
+            sessions: lock(&self.sessions).len(),
+            log_streams: lock(&self.logs).len(),
+            jobs_with_pods: pods.len(),
+            pods: pods.values().map(HashMap::len).sum(),
+            jobs_with_events: events.len(),
+            events: events.values().map(BTreeSet::len).sum(),
+            statuses: lock(&self.statuses).len(),
+        }
     }
 
     /// Connected spokes and queued TrainJobs, for metrics and tests.
@@ -892,12 +966,19 @@ impl Dispatch {
     // ------------------------------------------------------------ sessions
 
     /// A spoke said hello on a new stream. Returns the session id that its
-    /// later calls carry; a newer session of the same spoke replaces it.
+    /// later calls carry.
+    ///
+    /// One live session per spoke: a newer session of the same spoke
+    /// replaces it, and the older one is closed (`close` gets the reason;
+    /// its stream ends), its pending offers count as refused and its log
+    /// streams end. A spoke only opens a session after its previous one
+    /// ended on its side, so what the old stream still carried is stale.
     pub fn connect(
         &self,
         spoke: &str,
         hello: pb::Hello,
         tx: mpsc::UnboundedSender<pb::HubMessage>,
+        close: tokio::sync::watch::Sender<Option<String>>,
     ) -> u64 {
         let id = self
             .next_id
@@ -912,15 +993,30 @@ impl Dispatch {
         );
         let capacity = capacity_of(&hello.capacity);
         self.observe.spoke_seen(spoke, &capacity, true);
-        lock(&self.sessions).insert(
+        let replaced = lock(&self.sessions).insert(
             spoke.to_string(),
             Session {
                 id,
                 tx,
+                close,
                 labels,
                 allocatable: capacity.iter().map(|(r, a, _)| (r.clone(), *a)).collect(),
             },
         );
+        if let Some(old) = replaced {
+            tracing::warn!(
+                spoke,
+                session = old.id,
+                by = id,
+                "a newer session of the spoke replaced its open one, which is closed"
+            );
+            let _ = old.close.send(Some(format!(
+                "session replaced by a newer session of spoke {spoke:?} (one live session per spoke)"
+            )));
+            self.end_logs(spoke, old.id, "the spoke's session was replaced");
+            let actions = lock(&self.state).spoke_disconnected(spoke, self.now());
+            self.execute(actions);
+        }
         let held: Vec<(String, i64)> = hello
             .runs
             .iter()
@@ -942,6 +1038,7 @@ impl Dispatch {
             }
             sessions.remove(spoke);
         }
+        self.end_logs(spoke, id, "the spoke disconnected");
         tracing::warn!(spoke, "spoke disconnected");
         let actions = lock(&self.state).spoke_disconnected(spoke, self.now());
         self.execute(actions);
@@ -954,9 +1051,13 @@ impl Dispatch {
     /// fresh report of every run it holds on it, so whatever the old session
     /// still carries is older than what the hub has (or is about to have)
     /// from the new one, and taking it would set a TrainJob's status back.
-    /// Admission answers and log chunks stay valid: they answer requests
-    /// made on the old session, which the new one does not repeat.
-    pub async fn on_message(&self, spoke: &str, session: u64, message: pb::spoke_message::Message) {
+    /// Admission answers still count (a late one is withdrawn like any
+    /// other); log chunks go only to streams the same session was asked to
+    /// serve, and a replaced session's streams have ended.
+    ///
+    /// Never waits: a chunk for a log reader that is not keeping up drops
+    /// that reader, not the session.
+    pub fn on_message(&self, spoke: &str, session: u64, message: pb::spoke_message::Message) {
         use pb::spoke_message::Message;
         if matches!(message, Message::Report(_) | Message::Heartbeat(_))
             && lock(&self.sessions)
@@ -998,29 +1099,91 @@ impl Dispatch {
                 self.execute(actions);
             }
             Message::Report(report) => self.on_report(spoke, report),
-            Message::Log(chunk) => {
-                let tx = {
-                    let mut logs = lock(&self.logs);
-                    if chunk.eof {
-                        logs.remove(&chunk.request_id)
-                    } else {
-                        logs.get(&chunk.request_id).cloned()
-                    }
-                };
-                if let Some(tx) = tx {
-                    if !chunk.data.is_empty() {
-                        let _ = tx.send(Ok(Bytes::from(chunk.data))).await;
-                    }
-                    if !chunk.error.is_empty() {
-                        let _ = tx.send(Err(chunk.error)).await;
-                    }
+            Message::Log(chunk) => self.on_log_chunk(spoke, session, chunk),
+        }
+    }
+
+    /// A chunk of a log stream: handed to its reader without waiting. Only
+    /// the session the stream was asked of may write to it; a reader whose
+    /// buffer is full is dropped (its stream ends with an error, the spoke
+    /// is told to stop), so no reader ever holds up the session.
+    fn on_log_chunk(&self, spoke: &str, session: u64, chunk: pb::LogChunk) {
+        use tokio::sync::mpsc::error::TrySendError;
+        let mut logs = lock(&self.logs);
+        let Some(stream) = logs.get(&chunk.request_id) else {
+            // Cancelled meanwhile, or never asked for.
+            tracing::debug!(spoke, "a log chunk for no open stream dropped");
+            return;
+        };
+        if stream.spoke != spoke || stream.session != session {
+            tracing::warn!(
+                spoke,
+                session,
+                "refused a log chunk for a stream this session was not asked to serve"
+            );
+            return;
+        }
+        let mut ended = None;
+        let mut cancel = false;
+        if !chunk.data.is_empty() {
+            match stream.tx.try_send(Bytes::from(chunk.data)) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) => {
+                    tracing::info!(spoke, "dropped a log stream whose reader fell behind");
+                    ended = Some(format!(
+                        "the log reader fell behind: more than {LOG_BUFFER_CHUNKS} chunks waited to be read, so the stream was closed; read the log again"
+                    ));
+                    cancel = true;
                 }
+                Err(TrySendError::Closed(_)) => cancel = true,
             }
+        }
+        if ended.is_none() && !chunk.error.is_empty() {
+            ended = Some(chunk.error);
+        }
+        if !(chunk.eof || cancel || ended.is_some()) {
+            return;
+        }
+        let Some(stream) = logs.remove(&chunk.request_id) else {
+            return;
+        };
+        drop(logs);
+        if let Some(error) = ended {
+            *lock(&stream.ended) = Some(error);
+        }
+        if cancel && !chunk.eof {
+            self.send(
+                spoke,
+                pb::hub_message::Message::LogRequest(pb::LogRequest {
+                    request_id: chunk.request_id,
+                    cancel: true,
+                    ..Default::default()
+                }),
+            );
+        }
+    }
+
+    /// Ends the log streams that session `session` of `spoke` served.
+    fn end_logs(&self, spoke: &str, session: u64, why: &str) {
+        let ended: Vec<LogStream> = {
+            let mut logs = lock(&self.logs);
+            let ids: Vec<String> = logs
+                .iter()
+                .filter(|(_, s)| s.spoke == spoke && s.session == session)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| logs.remove(id)).collect()
+        };
+        for stream in ended {
+            *lock(&stream.ended) = Some(why.to_string());
         }
     }
 
     /// A run report: taken if the run is placed on this spoke, else refused
-    /// (and the run stopped: it must not run there).
+    /// (and the run stopped: it must not run there). Of a taken report,
+    /// only the pods and events of that run are written (see
+    /// [`authority`]); the others are refused and logged with the spoke's
+    /// name.
     fn on_report(&self, spoke: &str, report: pb::RunReport) {
         let verdict = lock(&self.state).check_run(spoke, &report.run_id, report.generation);
         let key = match verdict {
@@ -1047,15 +1210,7 @@ impl Dispatch {
         };
         self.observe.reported(&report.run_id, spoke);
         self.show_pods(spoke, &key, &report);
-        let events: Vec<Value> = report
-            .events_json
-            .iter()
-            .filter_map(|raw| serde_json::from_str(raw).ok())
-            .collect();
-        if events.len() != report.events_json.len() {
-            tracing::warn!(spoke, "an event in a run report is not JSON");
-        }
-        self.record_events(&key, events);
+        self.record_spoke_events(spoke, &key, &report);
         let status_hash = hash_of(&report.jobset_status_json);
         let changed =
             lock(&self.statuses).insert(report.run_id.clone(), status_hash) != Some(status_hash);
@@ -1064,8 +1219,102 @@ impl Dispatch {
         }
     }
 
-    /// Writes Events into the TrainJob's namespace (a spoke's events keep
-    /// their names, so a resent one is rewritten, not duplicated).
+    /// Refuses an object a spoke reported: logged with the spoke's name.
+    fn refuse(&self, spoke: &str, job: &JobKey, run_id: &str, what: &str, why: &str) {
+        tracing::warn!(
+            spoke,
+            trainjob = %job,
+            run = run_id,
+            refused = why,
+            "refused {what} a spoke reported: a spoke writes only the objects of the runs placed on it"
+        );
+    }
+
+    /// Whether the object at `key` in the store, if any, is someone else's
+    /// than run `run_id` (another run's, or the hub's own).
+    fn owned_by_other(&self, key: &Key, run_id: &str) -> Option<String> {
+        let existing = self.store.get(key)?;
+        let run = existing.value["metadata"]["annotations"][ANNOTATION_RUN].as_str();
+        match run.map(|r| r.rsplit_once('.').map_or(r, |(id, _)| id)) {
+            Some(id) if id == run_id => None,
+            Some(id) => Some(format!("{key} exists and belongs to run {id}")),
+            None => Some(format!("{key} exists and was not written by a spoke")),
+        }
+    }
+
+    /// Why `name` belongs to another TrainJob of the namespace than `job`:
+    /// a longer TrainJob name that it matches by its pod sets.
+    fn other_owner(&self, name: &str, job: &JobKey) -> Option<String> {
+        let state = lock(&self.state);
+        let ours = state.pod_set_names(job).unwrap_or_default();
+        if authority::of_pod_sets(name, &job.name, &ours) {
+            return None;
+        }
+        authority::longer_owners(name, &job.name).find_map(|other| {
+            let other_key = job_key(&job.namespace, other);
+            let sets = state.pod_set_names(&other_key)?;
+            authority::of_pod_sets(name, other, &sets)
+                .then(|| format!("{name:?} is a pod name of TrainJob {other_key}"))
+        })
+    }
+
+    /// Writes the Events of a report into the TrainJob's namespace, each
+    /// marked with the run (a spoke's events keep their names, so a resent
+    /// one is rewritten, not duplicated).
+    fn record_spoke_events(&self, spoke: &str, job: &JobKey, report: &pb::RunReport) {
+        let run = format!("{}.{}", report.run_id, report.generation);
+        let mut taken = Vec::new();
+        for raw in &report.events_json {
+            let Ok(mut event) = serde_json::from_str::<Value>(raw) else {
+                self.refuse(spoke, job, &report.run_id, "an event", "not JSON");
+                continue;
+            };
+            let name = match authority::check_event(&event, job) {
+                Ok(name) => name,
+                Err(why) => {
+                    self.refuse(spoke, job, &report.run_id, "an event", &why);
+                    continue;
+                }
+            };
+            let involved = event["involvedObject"]["name"].as_str().unwrap_or_default();
+            if let Some(why) = self.other_owner(involved, job) {
+                self.refuse(spoke, job, &report.run_id, "an event", &why);
+                continue;
+            }
+            let known = lock(&self.events)
+                .get(job)
+                .map(|names| (names.contains(&name), names.len()));
+            if known.is_some_and(|(_, n)| n >= MAX_EVENTS_PER_TRAINJOB)
+                && !known.is_some_and(|(k, _)| k)
+            {
+                let why = format!(
+                    "the TrainJob has {MAX_EVENTS_PER_TRAINJOB} events, the most a TrainJob keeps"
+                );
+                self.refuse(spoke, job, &report.run_id, "an event", &why);
+                break;
+            }
+            if !known.is_some_and(|(k, _)| k)
+                && let Some(why) = self.owned_by_other(
+                    &Key::new(EVENTS, Some(&job.namespace), &name),
+                    &report.run_id,
+                )
+            {
+                self.refuse(spoke, job, &report.run_id, "an event", &why);
+                continue;
+            }
+            event["apiVersion"] = "v1".into();
+            event["kind"] = "Event".into();
+            if !event["metadata"]["annotations"].is_object() {
+                event["metadata"]["annotations"] = json!({});
+            }
+            event["metadata"]["annotations"][ANNOTATION_SPOKE] = spoke.into();
+            event["metadata"]["annotations"][ANNOTATION_RUN] = run.clone().into();
+            taken.push(event);
+        }
+        self.record_events(job, taken);
+    }
+
+    /// Writes Events into the TrainJob's namespace.
     fn record_events(&self, job: &JobKey, events: Vec<Value>) {
         let mut ops = Vec::new();
         let mut written = lock(&self.events);
@@ -1094,24 +1343,48 @@ impl Dispatch {
     }
 
     /// Writes the pods a report shows, removes those it no longer shows.
+    /// A pod that is not the run's (see [`authority`]), or whose name
+    /// another run's pod holds, is refused.
     fn show_pods(&self, spoke: &str, key: &JobKey, report: &pb::RunReport) {
+        let mut candidates = Vec::new();
+        let mut present = BTreeSet::new();
+        let shown_before: HashMap<String, u64> =
+            lock(&self.pods).get(key).cloned().unwrap_or_default();
+        for raw in &report.pods_json {
+            let Ok(pod) = serde_json::from_str::<Value>(raw) else {
+                self.refuse(spoke, key, &report.run_id, "a pod", "not JSON");
+                continue;
+            };
+            let name = match authority::check_pod(&pod, key) {
+                Ok(name) => name,
+                Err(why) => {
+                    self.refuse(spoke, key, &report.run_id, "a pod", &why);
+                    continue;
+                }
+            };
+            if let Some(why) = self.other_owner(&name, key) {
+                self.refuse(spoke, key, &report.run_id, "a pod", &why);
+                continue;
+            }
+            let hash = hash_of(&(spoke, report.generation, raw));
+            if shown_before.get(&name) == Some(&hash) {
+                present.insert(name);
+                continue;
+            }
+            if !shown_before.contains_key(&name)
+                && let Some(why) = self
+                    .owned_by_other(&Key::new(PODS, Some(&key.namespace), &name), &report.run_id)
+            {
+                self.refuse(spoke, key, &report.run_id, "a pod", &why);
+                continue;
+            }
+            present.insert(name.clone());
+            candidates.push((name, hash, pod));
+        }
         let mut ops = Vec::new();
         let mut pods = lock(&self.pods);
         let shown = pods.entry(key.clone()).or_default();
-        let mut present = BTreeSet::new();
-        for raw in &report.pods_json {
-            let Ok(mut pod) = serde_json::from_str::<Value>(raw) else {
-                tracing::warn!(spoke, "a pod in a run report is not JSON");
-                continue;
-            };
-            let Some(name) = pod["metadata"]["name"].as_str().map(String::from) else {
-                continue;
-            };
-            present.insert(name.clone());
-            let hash = hash_of(&(spoke, report.generation, raw));
-            if shown.get(&name) == Some(&hash) {
-                continue;
-            }
+        for (name, hash, mut pod) in candidates {
             shown.insert(name.clone(), hash);
             pod["apiVersion"] = "v1".into();
             pod["kind"] = "Pod".into();
@@ -1214,19 +1487,26 @@ impl Dispatch {
                     .map(String::from)
             })
             .unwrap_or_default();
-        let tx = lock(&self.sessions).get(spoke).map(|s| s.tx.clone());
-        let Some(tx) = tx else {
+        let session = lock(&self.sessions)
+            .get(spoke)
+            .map(|s| (s.id, s.tx.clone()));
+        let Some((session, tx)) = session else {
             return Err(ApiError::unavailable(format!(
                 "the logs of pod {name:?} are on spoke {spoke:?}, which is not connected"
             )));
         };
-        let request_id = format!(
-            "log-{}",
-            self.next_id
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        let request_id = log_stream_id()?;
+        let (chunk_tx, chunk_rx) = mpsc::channel(LOG_BUFFER_CHUNKS);
+        let ended = Arc::new(Mutex::new(None));
+        lock(&self.logs).insert(
+            request_id.clone(),
+            LogStream {
+                spoke: spoke.to_string(),
+                session,
+                tx: chunk_tx,
+                ended: ended.clone(),
+            },
         );
-        let (chunk_tx, chunk_rx) = mpsc::channel(64);
-        lock(&self.logs).insert(request_id.clone(), chunk_tx);
         let _ = tx.send(pb::HubMessage {
             message: Some(pb::hub_message::Message::LogRequest(pb::LogRequest {
                 request_id: request_id.clone(),
@@ -1244,10 +1524,18 @@ impl Dispatch {
             tx,
             logs: self.self_arc(),
         };
+        // The buffered chunks, then the reason the stream ended early, if
+        // it did.
         let stream =
-            futures_util::stream::unfold((chunk_rx, guard), |(mut rx, guard)| async move {
-                let item = rx.recv().await?;
-                Some((item.map_err(std::io::Error::other), (rx, guard)))
+            futures_util::stream::unfold(Some((chunk_rx, guard, ended)), |state| async move {
+                let (mut rx, guard, ended) = state?;
+                match rx.recv().await {
+                    Some(bytes) => Some((Ok(bytes), Some((rx, guard, ended)))),
+                    None => {
+                        let error = lock(&ended).take()?;
+                        Some((Err(std::io::Error::other(error)), None))
+                    }
+                }
             });
         Ok(Box::pin(stream))
     }

@@ -243,10 +243,14 @@ impl Observer {
         );
     }
 
-    /// Sets the per-spoke gauges.
+    /// Sets the per-spoke gauges: the resources each spoke reports now
+    /// (a resource it no longer reports leaves no series behind).
     pub(crate) fn refresh_spokes(&self) {
         let m = metrics::hub();
-        for (spoke, seen) in lock(&self.spokes).iter() {
+        let spokes = lock(&self.spokes);
+        m.spoke_allocatable.clear();
+        m.spoke_free.clear();
+        for (spoke, seen) in spokes.iter() {
             m.heartbeat_age
                 .get_or_create(&labels([("spoke", spoke)]))
                 .set(seen.at.elapsed().as_secs_f64());

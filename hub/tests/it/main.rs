@@ -2,6 +2,8 @@
 
 mod admission;
 mod common;
+mod grpc_caps;
 mod reload;
 mod render;
 mod sandbox;
+mod spoke_protocol;
