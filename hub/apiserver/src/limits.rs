@@ -102,8 +102,9 @@ pub fn object_too_large(what: &str) -> ApiError {
     ))
 }
 
-/// 422 for nesting deeper than `limit`.
-pub fn too_deep(what: &str, limit: usize) -> ApiError {
+/// 422 for nesting deeper than `limit`, at `field` (a path such as
+/// `spec.deep[0][0]`, or empty when unknown).
+pub fn too_deep(what: &str, limit: usize, field: &str) -> ApiError {
     ApiError::new(
         422,
         "Invalid",
@@ -113,8 +114,10 @@ pub fn too_deep(what: &str, limit: usize) -> ApiError {
     )
     .with_cause(
         "FieldValueInvalid",
-        &format!("must have at most {limit} levels of nested objects and arrays"),
-        "",
+        &format!(
+            "nested too deeply: must have at most {limit} levels of nested objects and arrays (the limit on nesting depth)"
+        ),
+        field,
     )
 }
 
@@ -126,7 +129,7 @@ pub fn check_object(value: &Value, what: &str) -> Result<(), ApiError> {
         return Err(object_too_large(what));
     }
     if depth(value) > MAX_OBJECT_DEPTH {
-        return Err(too_deep(what, MAX_OBJECT_DEPTH));
+        return Err(too_deep(what, MAX_OBJECT_DEPTH, ""));
     }
     Ok(())
 }
@@ -144,6 +147,14 @@ struct Budget {
     max_bytes: usize,
     used: Cell<usize>,
     breach: Cell<Option<Breach>>,
+    /// Where a depth breach happened, innermost first, gathered as the
+    /// error travels out.
+    path: std::cell::RefCell<Vec<Segment>>,
+}
+
+enum Segment {
+    Key(String),
+    Index(usize),
 }
 
 impl Budget {
@@ -153,6 +164,7 @@ impl Budget {
             max_bytes,
             used: Cell::new(0),
             breach: Cell::new(None),
+            path: std::cell::RefCell::default(),
         }
     }
 
@@ -182,11 +194,41 @@ impl Budget {
         Ok(inner)
     }
 
+    /// Notes `segment` of the path to a depth breach, on the error's way out.
+    fn unwinding(&self, segment: impl FnOnce() -> Segment) {
+        if self.breach.get() == Some(Breach::Depth) {
+            self.path.borrow_mut().push(segment());
+        }
+    }
+
+    /// The path to a depth breach, as Kubernetes writes field paths, cut
+    /// short past a dozen segments.
+    fn breach_path(&self) -> String {
+        let path = self.path.borrow();
+        let mut out = String::new();
+        for (i, segment) in path.iter().rev().enumerate() {
+            if i == 12 {
+                out.push_str("...");
+                break;
+            }
+            match segment {
+                Segment::Key(k) if out.is_empty() => out.push_str(k),
+                Segment::Key(k) => {
+                    out.push('.');
+                    out.push_str(k);
+                }
+                Segment::Index(n) => out.push_str(&format!("[{n}]")),
+            }
+        }
+        out
+    }
+
     /// What a decode that failed with `message` ran into.
     fn error(&self, message: impl fmt::Display) -> DecodeError {
         match self.breach.get() {
             Some(Breach::Depth) => DecodeError::TooDeep {
                 limit: self.max_depth,
+                path: self.breach_path(),
             },
             Some(Breach::Size) => DecodeError::TooLarge {
                 limit: self.max_bytes,
@@ -199,8 +241,8 @@ impl Budget {
 /// Why a bounded decode failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    #[error("nested more than {limit} levels deep")]
-    TooDeep { limit: usize },
+    #[error("{path}: nested more than {limit} levels deep")]
+    TooDeep { limit: usize, path: String },
     #[error("decodes to more than {limit} bytes")]
     TooLarge { limit: usize },
     #[error("{0}")]
@@ -213,7 +255,7 @@ impl DecodeError {
     /// parser's message otherwise.
     pub fn into_api(self, what: &str, malformed: impl FnOnce(String) -> ApiError) -> ApiError {
         match self {
-            DecodeError::TooDeep { limit } => too_deep(what, limit),
+            DecodeError::TooDeep { limit, path } => too_deep(what, limit, &path),
             DecodeError::TooLarge { limit } => ApiError::too_large(format!(
                 "Request entity too large: {what} decodes to more than {limit} bytes, the limit on an object's size"
             )),
@@ -344,9 +386,16 @@ impl<'de> Visitor<'de> for Node<'_> {
         };
         self.budget.charge::<A::Error>(2)?;
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(child)? {
+        loop {
+            match seq.next_element_seed(child) {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => break,
+                Err(e) => {
+                    self.budget.unwinding(|| Segment::Index(items.len()));
+                    return Err(e);
+                }
+            }
             self.budget.charge::<A::Error>(1)?;
-            items.push(item);
         }
         Ok(Value::Array(items))
     }
@@ -358,8 +407,15 @@ impl<'de> Visitor<'de> for Node<'_> {
         self.budget.charge::<A::Error>(2)?;
         let mut object = Map::new();
         while let Some(key) = map.next_key_seed(Key(self.budget))? {
-            let value = map.next_value_seed(child)?;
-            object.insert(key, value);
+            match map.next_value_seed(child) {
+                Ok(value) => {
+                    object.insert(key, value);
+                }
+                Err(e) => {
+                    self.budget.unwinding(|| Segment::Key(key));
+                    return Err(e);
+                }
+            }
         }
         Ok(Value::Object(object))
     }
@@ -407,7 +463,10 @@ pub fn decode_yaml(text: &str, max_depth: usize, max_bytes: usize) -> Result<Val
         // The parser's own depth limits, past ours in flow style.
         let parser_depth = message.contains("depth") || message.contains("recursion limit");
         if budget.breach.get().is_none() && parser_depth {
-            DecodeError::TooDeep { limit: max_depth }
+            DecodeError::TooDeep {
+                limit: max_depth,
+                path: String::new(),
+            }
         } else {
             budget.error(message)
         }
@@ -439,9 +498,7 @@ mod tests {
     fn json_at_the_limit_decodes_and_one_more_is_too_deep() {
         let v = decode_json(nested(100).as_bytes(), 100, 1 << 20).unwrap();
         assert_eq!(depth(&v), 100);
-        let deep = DecodeError::TooDeep { limit: 100 };
         let e = decode_json(nested(101).as_bytes(), 100, 1 << 20).unwrap_err();
-        assert_eq!(e, deep);
         let api = e.into_api("the request body", ApiError::bad_request);
         assert_eq!((api.code, api.reason), (422, "Invalid"));
         assert!(
@@ -449,15 +506,19 @@ mod tests {
             "{}",
             api.message
         );
+        assert_eq!(api.causes[0].field, format!("{}...", "[0]".repeat(12)));
         // Far deeper than serde_json's own recursion limit: the same answer.
-        assert_eq!(
+        assert!(matches!(
             decode_json(nested(100_000).as_bytes(), 100, 1 << 20),
-            Err(deep.clone())
-        );
-        assert_eq!(
-            decode_json(nested_objects(5000).as_bytes(), 100, 1 << 20),
-            Err(deep)
-        );
+            Err(DecodeError::TooDeep { limit: 100, .. })
+        ));
+        let e = decode_json(nested_objects(5000).as_bytes(), 100, 1 << 20).unwrap_err();
+        let DecodeError::TooDeep { limit: 100, path } = e else {
+            panic!("{e:?}");
+        };
+        assert!(path.starts_with("a.a.a."), "{path}");
+        let e = decode_json(br#"{"spec": {"x": [1, [[[]]]]}}"#, 3, 1 << 20).unwrap_err();
+        assert_eq!(e.to_string(), "spec.x[1]: nested more than 3 levels deep");
     }
 
     #[test]
@@ -495,9 +556,13 @@ mod tests {
         let v = decode_yaml(&nested(100), 100, 1 << 20).unwrap();
         assert_eq!(depth(&v), 100);
         for text in [nested(101), nested(300), nested(100_000)] {
-            assert_eq!(
-                decode_yaml(&text, 100, 1 << 20),
-                Err(DecodeError::TooDeep { limit: 100 })
+            assert!(
+                matches!(
+                    decode_yaml(&text, 100, 1 << 20),
+                    Err(DecodeError::TooDeep { limit: 100, .. })
+                ),
+                "{} levels",
+                text.len() / 2
             );
         }
         let mut block = String::new();
@@ -507,10 +572,10 @@ mod tests {
         }
         block.push_str(&" ".repeat(150));
         block.push_str("b: 1\n");
-        assert_eq!(
+        assert!(matches!(
             decode_yaml(&block, 100, 1 << 20),
-            Err(DecodeError::TooDeep { limit: 100 })
-        );
+            Err(DecodeError::TooDeep { limit: 100, .. })
+        ));
     }
 
     #[test]

@@ -98,6 +98,7 @@ impl Bounds {
             return Err(OpError::Limit(limits::too_deep(
                 "the patched object",
                 MAX_OBJECT_DEPTH,
+                "",
             )));
         }
         self.size += added;
