@@ -574,6 +574,19 @@ mod tests {
     }
 
     async fn start(config: Arc<ServerConfig>, app: Router) -> Server {
+        start_with(
+            config,
+            app,
+            ServeOptions {
+                handshake_timeout: Duration::from_secs(2),
+                shutdown_grace: Duration::from_secs(2),
+                ..ServeOptions::default()
+            },
+        )
+        .await
+    }
+
+    async fn start_with(config: Arc<ServerConfig>, app: Router, options: ServeOptions) -> Server {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -584,11 +597,7 @@ mod tests {
             async move {
                 let _ = stopped.await;
             },
-            ServeOptions {
-                handshake_timeout: Duration::from_secs(2),
-                shutdown_grace: Duration::from_secs(2),
-                ..ServeOptions::default()
-            },
+            options,
         ));
         Server {
             addr,
@@ -787,6 +796,129 @@ mod tests {
             .unwrap();
         // The listener is closed.
         assert!(TcpStream::connect(addr).await.is_err());
+    }
+
+    /// Whether the server closed `io` within `wait` (EOF or an error).
+    async fn closed_within<T: AsyncRead + Unpin>(io: &mut T, wait: Duration) -> bool {
+        let mut buf = [0u8; 1024];
+        loop {
+            match tokio::time::timeout(wait, tokio::io::AsyncReadExt::read(io, &mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_per_client_cap_are_closed() {
+        let p = pki();
+        let config = server_config(&p.server.cert_pem, &p.server.key_pem, None).unwrap();
+        let options = ServeOptions {
+            max_connections_per_client: 3,
+            ..ServeOptions::default()
+        };
+        let server = start_with(config, app(), options).await;
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(TcpStream::connect(server.addr).await.unwrap());
+        }
+        let mut extra = TcpStream::connect(server.addr).await.unwrap();
+        assert!(closed_within(&mut extra, Duration::from_secs(5)).await);
+        assert!(!closed_within(&mut held[0], Duration::from_millis(200)).await);
+        // One gone, one more may come.
+        drop(held.pop());
+        let client = client_config(&p.ca, None, b"http/1.1");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+                let tls = connect(server.addr, client.clone()).await?;
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                    .await
+                    .map_err(std::io::Error::other)?;
+                tokio::spawn(conn);
+                let request = hyper::Request::get("/whoami")
+                    .header("host", "localhost")
+                    .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+                    .map_err(std::io::Error::other)?;
+                sender
+                    .send_request(request)
+                    .await
+                    .map_err(std::io::Error::other)
+            })
+            .await;
+            if let Ok(Ok(response)) = attempt {
+                assert_eq!(response.status(), 200);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no slot came free");
+        }
+    }
+
+    #[tokio::test]
+    async fn slow_headers_and_idle_connections_are_cut_off() {
+        let p = pki();
+        let config = server_config(&p.server.cert_pem, &p.server.key_pem, None).unwrap();
+        let options = ServeOptions {
+            header_read_timeout: Duration::from_millis(500),
+            idle_timeout: Duration::from_millis(500),
+            ..ServeOptions::default()
+        };
+        let server = start_with(config, app(), options).await;
+        // Half a request line, then nothing.
+        let mut slow = connect(server.addr, client_config(&p.ca, None, b"http/1.1"))
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut slow, b"GET /whoami HTTP/1.1\r\nHost: x")
+            .await
+            .unwrap();
+        assert!(closed_within(&mut slow, Duration::from_secs(5)).await);
+        // An HTTP/2 connection that sends nothing after the handshake.
+        let mut idle = connect(server.addr, client_config(&p.ca, None, b"h2"))
+            .await
+            .unwrap();
+        assert!(closed_within(&mut idle, Duration::from_secs(5)).await);
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reads_nothing_is_disconnected() {
+        let p = pki();
+        let config = server_config(&p.server.cert_pem, &p.server.key_pem, None).unwrap();
+        let options = ServeOptions {
+            write_timeout: Duration::from_millis(500),
+            ..ServeOptions::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(1);
+        let rx = Arc::new(tokio::sync::Mutex::new(Some(rx)));
+        let app = Router::new().route(
+            "/endless",
+            get(move || {
+                let rx = rx.clone();
+                async move {
+                    let rx = rx.lock().await.take().unwrap();
+                    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                        rx.recv().await.map(|item| (item, rx))
+                    });
+                    axum::body::Body::from_stream(stream)
+                }
+            }),
+        );
+        let server = start_with(config, app, options).await;
+        let mut tls = connect(server.addr, client_config(&p.ca, None, b"http/1.1"))
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut tls, b"GET /endless HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        // The server writes until the socket is full, then stalls; the
+        // client never reads. The feeder ends once the server stops taking.
+        let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+        let feeder = tokio::spawn(async move { while tx.send(Ok(chunk.clone())).await.is_ok() {} });
+        tokio::time::timeout(Duration::from_secs(20), feeder)
+            .await
+            .expect("the stalled response was dropped")
+            .unwrap();
+        drop(tls);
     }
 
     #[test]
