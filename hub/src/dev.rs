@@ -49,6 +49,8 @@ pub struct DevArgs {
     /// Custom plugins directory, hot-reloaded.
     #[arg(long)]
     pub plugins_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub api_limits: crate::api_limits::ApiLimitsArgs,
 }
 
 const ADMIN_USER: &str = "admin";
@@ -115,6 +117,7 @@ pub async fn run(
         spoke_ca: Some(pki.cert_path("ca")),
         dispatch: args.dispatch.config(),
         event_ttl: args.event_ttl,
+        api_limits: args.api_limits.clone(),
     };
     let hub = Hub::open(config)?;
     hub.install(hub::default_objects()?).await?;
