@@ -68,6 +68,7 @@ async fn run(jobs: usize, concurrency: usize) {
         spoke_ca: None,
         dispatch: Default::default(),
         event_ttl: trainhub::controller::events::DEFAULT_TTL,
+        api_limits: Default::default(),
     })
     .expect("hub");
     hub.install(trainhub::hub::default_objects().expect("runtimes"))

@@ -193,6 +193,7 @@ async fn run(
             ..DispatchConfig::default()
         },
         event_ttl: trainhub::controller::events::DEFAULT_TTL,
+        api_limits: Default::default(),
     })
     .expect("hub");
     let dispatch = hub.dispatch.clone();

@@ -79,6 +79,7 @@ async fn run(spokes: usize, hold: Duration) {
         spoke_ca: Some(pki.cert_path("ca")),
         dispatch: DispatchConfig::default(),
         event_ttl: trainhub::controller::events::DEFAULT_TTL,
+        api_limits: Default::default(),
     })
     .expect("hub");
     let dispatch = hub.dispatch.clone();

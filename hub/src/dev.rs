@@ -58,6 +58,8 @@ pub struct DevArgs {
     /// per run, `FIRST-LAST` (or one `UID`); `none` keeps the hub's uid.
     #[arg(long, value_name = "UIDS", default_value_t = trainhub_spoke::backend::process::RunAsUser::default())]
     pub run_as_user: trainhub_spoke::backend::process::RunAsUser,
+    #[command(flatten)]
+    pub api_limits: crate::api_limits::ApiLimitsArgs,
 }
 
 const ADMIN_USER: &str = "admin";
@@ -130,6 +132,7 @@ pub async fn run(
         spoke_ca: Some(pki.cert_path("ca")),
         dispatch: args.dispatch.config(),
         event_ttl: args.event_ttl,
+        api_limits: args.api_limits.clone(),
     };
     let hub = Hub::open(config)?;
     hub.install(hub::default_objects()?).await?;

@@ -51,6 +51,8 @@ pub struct Config {
     /// Events are removed this long after their last write; zero keeps
     /// them (until their TrainJob goes).
     pub event_ttl: std::time::Duration,
+    /// Caps and timeouts of the API listener and per-user requests.
+    pub api_limits: crate::api_limits::ApiLimitsArgs,
 }
 
 /// Where a serving hub listens.
@@ -124,7 +126,9 @@ impl Hub {
                 tokens,
                 config.client_ca.is_some(),
             )))
-            .authorizer(Arc::new(PolicyAuthorizer::new(policy)));
+            .authorizer(Arc::new(PolicyAuthorizer::new(policy)))
+            .request_limits(config.api_limits.request_limits())
+            .watch_send_timeout(config.api_limits.http_write_timeout);
         let (public, authenticated) = crate::metrics::routes(dispatch.clone(), admin_groups);
         builder = builder.routes(public, authenticated);
         for def in api::resources()? {
@@ -224,7 +228,8 @@ impl Hub {
             shutdown.await;
             let _ = stop_tx.send(true);
         };
-        trainhub_apiserver::tls::serve(listener, tls, router, stop).await;
+        let options = self.config.api_limits.serve_options();
+        trainhub_apiserver::tls::serve_with(listener, tls, router, stop, options).await;
         let _ = lifecycle.await;
         if let Some(expiry) = event_expiry {
             let _ = expiry.await;

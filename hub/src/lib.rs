@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod api_limits;
 pub mod builtin;
 pub mod controller;
 pub mod ctl;

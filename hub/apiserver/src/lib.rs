@@ -14,6 +14,8 @@
 //! - [`admission`]: the seam for defaulting and validation;
 //! - [`auth`]: who is calling (tokens file, client certificates) and what
 //!   they may do (admin group, namespace grants);
+//! - [`limits`]: how large and deep a request and a stored object may be,
+//!   and the bounded decoders that enforce it;
 //! - [`tls`], [`pki`] and [`kubeconfig`]: serving over TLS (HTTP/1.1 and h2,
 //!   optional client certificates), a small CA, and kubeconfigs for clients.
 
@@ -21,6 +23,7 @@ pub mod admission;
 pub mod auth;
 pub mod field;
 pub mod kubeconfig;
+pub mod limits;
 pub mod patch;
 pub mod pki;
 pub mod resource;
@@ -31,3 +34,6 @@ pub mod status;
 pub mod store;
 pub mod table;
 pub mod tls;
+
+#[cfg(test)]
+mod proptests;

@@ -388,3 +388,84 @@ async fn discovery_lists_groups_and_resources() {
             .any(|p| p["name"] == "fieldValidation")
     );
 }
+
+#[tokio::test]
+async fn watches_past_the_per_user_cap_are_429_until_one_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap());
+    let server = Server::builder(store)
+        .resource(widgets())
+        .request_limits(trainhub_apiserver::server::RequestLimits {
+            max_long_running_per_user: 2,
+            ..Default::default()
+        })
+        .build();
+    let router = server.router();
+    let watch = || {
+        Request::get(format!("{BASE}?watch=true"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = router.clone().oneshot(watch()).await.unwrap();
+    let second = router.clone().oneshot(watch()).await.unwrap();
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let refused = router.clone().oneshot(watch()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let bytes = refused.into_body().collect().await.unwrap().to_bytes();
+    let status: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(status["reason"], "TooManyRequests");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 watches and log streams open"),
+        "{status}"
+    );
+    // Other requests of the same user still pass.
+    let list = router
+        .clone()
+        .oneshot(Request::get(BASE).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(list.status(), StatusCode::OK);
+    // A watch that ends gives its slot back.
+    drop(first);
+    let again = router.clone().oneshot(watch()).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    drop(second);
+}
+
+#[tokio::test]
+async fn a_body_nested_past_the_limit_is_422_naming_the_path() {
+    let api = api();
+    let nested = |levels: usize| -> Value {
+        let mut v = json!(1);
+        for _ in 0..levels {
+            v = json!([v]);
+        }
+        v
+    };
+    let mut deep = widget("deep", 1);
+    deep["metadata"]["x"] = nested(101);
+    let (code, status) = api.call("POST", BASE, "application/json", Some(deep)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+    assert_eq!(status["reason"], "Invalid");
+    assert!(
+        status["details"]["causes"][0]["field"]
+            .as_str()
+            .unwrap()
+            .starts_with("metadata.x[0][0]"),
+        "{status}"
+    );
+    // At the limit, it is accepted.
+    let mut at_limit = widget("at-limit", 1);
+    at_limit["metadata"]["x"] = nested(98);
+    let (code, status) = api
+        .call("POST", BASE, "application/json", Some(at_limit))
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{status}");
+}

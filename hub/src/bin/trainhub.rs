@@ -76,6 +76,8 @@ struct ServeArgs {
     event_ttl: std::time::Duration,
     #[command(flatten)]
     dispatch: trainhub::dispatch::DispatchArgs,
+    #[command(flatten)]
+    api_limits: trainhub::api_limits::ApiLimitsArgs,
 }
 
 fn main() -> ExitCode {
@@ -108,6 +110,7 @@ fn main() -> ExitCode {
                     spoke_ca: args.spoke_ca_file,
                     dispatch: args.dispatch.config(),
                     event_ttl: args.event_ttl,
+                    api_limits: args.api_limits,
                 })?;
                 // As an upstream install ships them: the built-in runtimes
                 // (created when absent) and the ConfigMap the Kubeflow SDK

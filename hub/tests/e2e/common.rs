@@ -158,6 +158,11 @@ impl DevHub {
             .expect("the dev CA")
     }
 
+    /// The hub process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
     }

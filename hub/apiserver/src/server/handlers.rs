@@ -19,9 +19,9 @@ use crate::status::{self, ApiError};
 use crate::store::{Key, Object, Op, Rv};
 use crate::{admission, patch, schema, table};
 
-/// Request bodies larger than this are refused (kube-apiserver's limit is 3 MiB
-/// for objects stored in etcd).
-const MAX_BODY: usize = 3 * 1024 * 1024;
+/// Request bodies larger than this are refused with 413, as kube-apiserver
+/// refuses them.
+const MAX_BODY: usize = crate::limits::MAX_REQUEST_BYTES;
 
 pub(crate) async fn core(State(server): State<Shared>, req: Request) -> Response {
     dispatch(server, true, req)
@@ -162,9 +162,7 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
         target.subresource.as_deref(),
     )?;
     let format = request::negotiate(&parts.headers)?;
-    let body = axum::body::to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|e| ApiError::too_large(format!("the request body could not be read: {e}")))?;
+    let body = read_body(body).await?;
     let ctx = Ctx {
         server,
         def,
@@ -196,6 +194,22 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
         }
         (Some("log"), true) if ctx.def.log_subresource && method == Method::GET => logs(&ctx).await,
         _ => Err(not_served()),
+    }
+}
+
+/// The whole request body, at most [`MAX_BODY`] bytes: 413 past it, as
+/// kube-apiserver answers (`Request entity too large: limit is 3145728`).
+async fn read_body(body: axum::body::Body) -> Result<bytes::Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, MAX_BODY);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(format!(
+            "Request entity too large: limit is {MAX_BODY}"
+        ))),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body could not be read: {e}"
+        ))),
     }
 }
 
@@ -660,6 +674,9 @@ pub(crate) async fn create_object(
 /// Commits one write; returns the stored object (for a delete, its last
 /// state).
 async fn commit_one(ctx: &Ctx, op: Op) -> Result<Value, ApiError> {
+    if let Op::Create { value, .. } | Op::Update { value, .. } = &op {
+        crate::limits::check_object(value, "the object")?;
+    }
     let stored = ctx
         .server
         .store
@@ -776,6 +793,7 @@ async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
         }
         other => return Err(ApiError::unsupported_media_type(other)),
     }
+    crate::limits::check_object(&patched, "the patched object")?;
     // A patch that sets metadata.resourceVersion is a precondition.
     let expected = match meta_str(&patched, "resourceVersion") {
         Some(rv) if rv != old.rv.to_string() => Some(parse_rv(rv)?),

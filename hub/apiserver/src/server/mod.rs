@@ -9,6 +9,7 @@
 
 mod discovery;
 mod handlers;
+mod inflight;
 mod request;
 mod watch;
 
@@ -20,6 +21,7 @@ use axum::Router;
 use axum::routing::get;
 use serde_json::Value;
 
+pub use self::inflight::RequestLimits;
 pub use self::request::{ByteStream, LogSource};
 use crate::admission::{self, Admission};
 use crate::auth::{self, Authenticator, Authorizer};
@@ -61,6 +63,10 @@ pub struct Server {
     /// Whether deletes honour `propagationPolicy` with the `foregroundDeletion`
     /// and `orphan` finalizers, for a garbage collector to act on.
     garbage_collection: bool,
+    /// Per-user caps on requests in flight.
+    inflight: inflight::InFlight,
+    /// A watch whose client takes none of its events for this long ends.
+    watch_send_timeout: Duration,
     /// Bumped by [`Server::close_watches`]; every open watch ends when it changes.
     watch_epoch: tokio::sync::watch::Sender<u64>,
     /// Routes served without authentication (metrics), and routes for
@@ -124,6 +130,21 @@ impl Builder {
         self
     }
 
+    /// Per-user caps on requests in flight (default
+    /// [`RequestLimits::default`]).
+    pub fn request_limits(mut self, limits: RequestLimits) -> Self {
+        self.server.inflight = inflight::InFlight::new(limits);
+        self
+    }
+
+    /// A watch whose client has taken none of its pending events for this
+    /// long is ended, so a client that stops reading holds no more than the
+    /// events queued for it (default 60 s).
+    pub fn watch_send_timeout(mut self, timeout: Duration) -> Self {
+        self.server.watch_send_timeout = timeout;
+        self
+    }
+
     /// Routes of the embedding server: `public` ones are served without
     /// authentication; `authenticated` ones after it, with the caller as an
     /// `axum::Extension<UserInfo>` (their handlers authorize).
@@ -153,6 +174,8 @@ impl Server {
                 version: VersionInfo::default(),
                 bookmark_interval: Duration::from_secs(60),
                 garbage_collection: false,
+                inflight: inflight::InFlight::new(RequestLimits::default()),
+                watch_send_timeout: Duration::from_secs(60),
                 watch_epoch: tokio::sync::watch::Sender::new(0),
                 public_routes: Router::new(),
                 authenticated_routes: Router::new(),

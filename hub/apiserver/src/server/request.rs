@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::Server;
 use crate::auth::{Attributes, UserInfo};
+use crate::limits;
 use crate::resource::ResourceDef;
 use crate::status::ApiError;
 
@@ -173,19 +174,35 @@ pub(crate) fn negotiate(headers: &HeaderMap) -> Result<Format, ApiError> {
     )))
 }
 
-/// Middleware: authenticates the caller (401 otherwise) and leaves the
-/// [`UserInfo`] in the request's extensions.
+/// Middleware: authenticates the caller (401 otherwise), takes a slot of
+/// its in-flight limits (429 otherwise) and leaves the [`UserInfo`] in the
+/// request's extensions. A long-running request (watch, followed log) holds
+/// its slot until its response body is done.
 pub(crate) async fn authenticated(
     axum::extract::State(server): axum::extract::State<Shared>,
     mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match authenticate(&server, req.headers(), req.extensions()) {
-        Ok(user) => {
-            req.extensions_mut().insert(user);
-            next.run(req).await
-        }
-        Err(e) => e.into_response(),
+    let user = match authenticate(&server, req.headers(), req.extensions()) {
+        Ok(user) => user,
+        Err(e) => return e.into_response(),
+    };
+    let (slot, long_running) = match server.inflight.admit(&user, req.uri()) {
+        Ok(admitted) => admitted,
+        Err(e) => return e.into_response(),
+    };
+    req.extensions_mut().insert(user);
+    let response = next.run(req).await;
+    if long_running {
+        response.map(|body| {
+            Body::new(crate::tls::Guarded {
+                inner: body,
+                _guard: slot,
+            })
+        })
+    } else {
+        drop(slot);
+        response
     }
 }
 
@@ -246,22 +263,31 @@ pub(crate) fn verb(method: &Method, target: &Target, query: &Query) -> &'static 
     }
 }
 
-/// Reads a request body as JSON (or YAML for the YAML media types).
+/// Reads a request body as JSON (or YAML for the YAML media types), within
+/// the request limits: at most [`limits::MAX_REQUEST_DEPTH`] deep (422
+/// otherwise) and decoding to at most [`limits::MAX_REQUEST_BYTES`] (413).
 pub(crate) fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let content_type = content_type(headers);
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
+    const WHAT: &str = "the request body";
     if content_type.ends_with("yaml") {
         let text = std::str::from_utf8(body)
             .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
-        return serde_saphyr::from_str(text)
-            .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")));
+        return limits::decode_yaml(text, limits::MAX_REQUEST_DEPTH, limits::MAX_REQUEST_BYTES)
+            .map_err(|e| {
+                e.into_api(WHAT, |m| {
+                    ApiError::bad_request(format!("error decoding YAML: {m}"))
+                })
+            });
     }
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "the object provided is unrecognized or malformed: {e}"
-        ))
+    limits::decode_json(body, limits::MAX_REQUEST_DEPTH, limits::MAX_REQUEST_BYTES).map_err(|e| {
+        e.into_api(WHAT, |m| {
+            ApiError::bad_request(format!(
+                "the object provided is unrecognized or malformed: {m}"
+            ))
+        })
     })
 }
 

@@ -222,8 +222,14 @@ impl Writer {
         json!({"kind": self.ctx.def.kind, "apiVersion": self.ctx.def.api_version(), "metadata": metadata})
     }
 
+    /// Queues one event; a client that has taken nothing for the server's
+    /// watch send timeout ends its watch (it relists when it reads again).
     async fn send_raw(&self, kind: &str, object: &Value) -> bool {
-        self.tx.send(line(kind, object)).await.is_ok()
+        let timeout = self.ctx.server.watch_send_timeout;
+        matches!(
+            tokio::time::timeout(timeout, self.tx.send(line(kind, object))).await,
+            Ok(Ok(()))
+        )
     }
 }
 
