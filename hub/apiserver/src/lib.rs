@@ -11,7 +11,10 @@
 //!   upstream's `field.Error`;
 //! - [`resource`]: what a resource is (group, version, kind, scope,
 //!   subresources, printer columns, schema);
+//! - [`names`] and [`namespace`]: names validated as Kubernetes does, and
+//!   the `Namespace` kind;
 //! - [`admission`]: the seam for defaulting and validation;
+//! - [`review`]: the self reviews (`kubectl auth can-i`, `whoami`);
 //! - [`auth`]: who is calling (tokens file, client certificates) and what
 //!   they may do (admin group, namespace grants);
 //! - [`tls`], [`pki`] and [`kubeconfig`]: serving over TLS (HTTP/1.1 and h2,
@@ -21,9 +24,12 @@ pub mod admission;
 pub mod auth;
 pub mod field;
 pub mod kubeconfig;
+pub mod names;
+pub mod namespace;
 pub mod patch;
 pub mod pki;
 pub mod resource;
+pub mod review;
 pub mod schema;
 pub mod selector;
 pub mod server;
