@@ -28,6 +28,7 @@ pub mod names;
 pub mod namespace;
 pub mod patch;
 pub mod pki;
+pub mod protobuf;
 pub mod resource;
 pub mod review;
 pub mod schema;

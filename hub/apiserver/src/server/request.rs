@@ -273,6 +273,9 @@ pub(crate) fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiE
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
     }
+    if content_type == crate::protobuf::MEDIA_TYPE {
+        return crate::protobuf::decode(body);
+    }
     if content_type.ends_with("yaml") {
         let text = std::str::from_utf8(body)
             .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
