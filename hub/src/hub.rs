@@ -20,6 +20,10 @@ use crate::plugins::registry::Registry;
 use crate::plugins::{Host, HostConfig};
 use crate::{api, builtin, controller, render};
 
+/// Where the hub publishes its own objects (the SDK's version ConfigMap);
+/// created at start, cannot be deleted.
+pub const SYSTEM_NAMESPACE: &str = "kubeflow-system";
+
 /// Watch events kept for resuming watches after a disconnect or restart.
 const WATCH_HISTORY: usize = 100_000;
 /// How often the plugins directory is rescanned.
@@ -112,7 +116,10 @@ impl Hub {
             None => Policy::default(),
         };
         let admin_groups = policy.admin_groups.clone();
-        let admission = Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()));
+        let admission = Arc::new(
+            TrainerAdmission::new(store.clone(), plugins.clone())
+                .with_admin_groups(policy.admin_groups.clone()),
+        );
         let dispatch = Dispatch::new(
             store.clone(),
             admission.clone(),
@@ -128,7 +135,13 @@ impl Hub {
             )))
             .authorizer(Arc::new(PolicyAuthorizer::new(policy)))
             .request_limits(config.api_limits.request_limits())
-            .watch_send_timeout(config.api_limits.http_write_timeout);
+            .watch_send_timeout(config.api_limits.http_write_timeout)
+            .version(trainhub_apiserver::server::VersionInfo::kubernetes_level(
+                "trainhub",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .namespace_lifecycle(true)
+            .protected_namespaces(&[SYSTEM_NAMESPACE]);
         let (public, authenticated) = crate::metrics::routes(dispatch.clone(), admin_groups);
         builder = builder.routes(public, authenticated);
         for def in api::resources()? {
@@ -143,9 +156,20 @@ impl Hub {
         })
     }
 
-    /// Installs `objects` that are not there yet (runtimes shipped with the
-    /// hub, the SDK's version ConfigMap), through admission like any create.
+    /// Creates the namespaces `default` and `kubeflow-system`, and those
+    /// that objects of an existing store are in (a store written before
+    /// namespaces were served has none), then installs `objects` that are
+    /// not there yet (runtimes shipped with the hub, the SDK's version
+    /// ConfigMap), through admission like any create. Idempotent.
     pub async fn install(&self, objects: Vec<Value>) -> Result<()> {
+        let created = self
+            .server
+            .ensure_namespaces(&[trainhub_apiserver::namespace::DEFAULT, SYSTEM_NAMESPACE])
+            .await
+            .map_err(|e| anyhow::anyhow!("creating namespaces: {}", e.message))?;
+        for namespace in created {
+            tracing::info!(%namespace, "namespace created");
+        }
         for object in objects {
             let name = object["metadata"]["name"]
                 .as_str()
@@ -190,6 +214,11 @@ impl Hub {
                 wait(stop_rx.clone()),
             ))
         });
+        let namespaces = tokio::spawn(
+            self.server
+                .clone()
+                .run_namespace_controller(wait(stop_rx.clone())),
+        );
         let dispatch = tokio::spawn(self.dispatch.clone().run(wait(stop_rx.clone())));
         let mut grpc_addr = None;
         let grpc = match self.config.grpc_listen {
@@ -231,6 +260,7 @@ impl Hub {
         let options = self.config.api_limits.serve_options();
         trainhub_apiserver::tls::serve_with(listener, tls, router, stop, options).await;
         let _ = lifecycle.await;
+        let _ = namespaces.await;
         if let Some(expiry) = event_expiry {
             let _ = expiry.await;
         }
@@ -256,7 +286,7 @@ pub fn default_objects() -> Result<Vec<Value>> {
     objects.push(json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
+        "metadata": {"name": "kubeflow-trainer-public", "namespace": SYSTEM_NAMESPACE},
         "data": {"kubeflow_trainer_version": trainhub_api::TRAINER_VERSION},
     }));
     Ok(objects)

@@ -11,7 +11,10 @@
 //!   upstream's `field.Error`;
 //! - [`resource`]: what a resource is (group, version, kind, scope,
 //!   subresources, printer columns, schema);
+//! - [`names`] and [`namespace`]: names validated as Kubernetes does, and
+//!   the `Namespace` kind;
 //! - [`admission`]: the seam for defaulting and validation;
+//! - [`review`]: the self reviews (`kubectl auth can-i`, `whoami`);
 //! - [`auth`]: who is calling (tokens file, client certificates) and what
 //!   they may do (admin group, namespace grants);
 //! - [`limits`]: how large and deep a request and a stored object may be,
@@ -24,9 +27,13 @@ pub mod auth;
 pub mod field;
 pub mod kubeconfig;
 pub mod limits;
+pub mod names;
+pub mod namespace;
 pub mod patch;
 pub mod pki;
+pub mod protobuf;
 pub mod resource;
+pub mod review;
 pub mod schema;
 pub mod selector;
 pub mod server;

@@ -66,7 +66,9 @@ impl ResourceDef {
 
     /// The verbs advertised in discovery.
     pub fn verbs(&self) -> Vec<&'static str> {
-        if self.read_only {
+        if crate::review::is_review(self) {
+            vec!["create"]
+        } else if self.read_only {
             vec!["get", "list", "watch"]
         } else {
             vec![

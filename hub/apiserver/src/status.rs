@@ -151,6 +151,22 @@ impl ApiError {
         .about(group, resource, name)
     }
 
+    /// 403 for a reason other than authorization, as upstream's
+    /// `NewForbidden`: `trainjobs.trainer.kubeflow.org "j" is forbidden: <reason>`.
+    pub fn forbidden_because(group: &str, resource: &str, name: &str, reason: &str) -> Self {
+        let subject = if name.is_empty() {
+            qualified(resource, group)
+        } else {
+            format!("{} \"{name}\"", qualified(resource, group))
+        };
+        Self::new(
+            403,
+            "Forbidden",
+            format!("{subject} is forbidden: {reason}"),
+        )
+        .about(group, resource, name)
+    }
+
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)
     }
@@ -213,6 +229,12 @@ impl ApiError {
             StoreError::Gone { requested, oldest } => {
                 Self::expired(format!("too old resource version: {requested} ({oldest})"))
             }
+            StoreError::InvalidKey(k) => Self::bad_request(format!(
+                "{}: the name {:?} or namespace {:?} cannot be stored: names and namespaces must not contain '|' or '/'",
+                qualified(resource, group),
+                k.name,
+                k.namespace
+            )),
             StoreError::Storage(m) => Self::internal(m),
         }
     }

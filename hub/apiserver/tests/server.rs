@@ -469,3 +469,533 @@ async fn a_body_nested_past_the_limit_is_422_naming_the_path() {
         .await;
     assert_eq!(code, StatusCode::CREATED, "{status}");
 }
+
+// Namespaces, names, paging, reviews and /version.
+
+use trainhub_apiserver::auth::{Authenticator, Policy, PolicyAuthorizer, TokenFile};
+use trainhub_apiserver::namespace;
+use trainhub_apiserver::review;
+use trainhub_apiserver::store::{Key, Op, Store};
+
+/// A server like the hub's: namespaces with their lifecycle, reviews, a
+/// tokens file (`admin`, and `alice` granted `team-a`).
+struct Hub {
+    server: Arc<Server>,
+    store: Arc<RedbStore>,
+    router: axum::Router,
+    _dir: tempfile::TempDir,
+}
+
+const ADMIN: &str = "admin-token";
+const ALICE: &str = "alice-token";
+
+fn hub() -> Hub {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap());
+    let tokens = TokenFile::parse(
+        "admin-token,admin,1,\"system:masters\"\nalice-token,alice,2,\"team-a\"\n",
+        "tokens",
+    )
+    .unwrap();
+    let policy: Policy = "namespaces:\n  - namespace: team-a\n    groups: [team-a]\n"
+        .parse()
+        .unwrap();
+    let mut builder = Server::builder(store.clone())
+        .resource(widgets())
+        .resource(namespace::resource_def())
+        .authenticator(Arc::new(Authenticator::new(Some(tokens), false)))
+        .authorizer(Arc::new(PolicyAuthorizer::new(policy)))
+        .namespace_lifecycle(true);
+    for def in review::resource_defs() {
+        builder = builder.resource(def);
+    }
+    let server = builder.build();
+    Hub {
+        router: server.router(),
+        server,
+        store,
+        _dir: dir,
+    }
+}
+
+impl Hub {
+    async fn call(
+        &self,
+        token: &str,
+        method: &str,
+        uri: &str,
+        content_type: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("content-type", content_type)
+            .header("authorization", format!("Bearer {token}"))
+            .body(body.map_or(Body::empty(), |b| Body::from(b.to_string())))
+            .unwrap();
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+    async fn json(
+        &self,
+        token: &str,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        self.call(token, method, uri, "application/json", body)
+            .await
+    }
+    async fn create_namespace(&self, name: &str) -> (StatusCode, Value) {
+        self.json(
+            ADMIN,
+            "POST",
+            "/api/v1/namespaces",
+            Some(namespace::object(name)),
+        )
+        .await
+    }
+}
+
+fn widgets_in(ns: &str) -> String {
+    format!("/apis/example.com/v1/namespaces/{ns}/widgets")
+}
+
+/// Polls `check` every 10 ms until it holds; fails after 10 s.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn paging_returns_every_object_once_in_store_order() {
+    let api = api();
+    // Names and namespaces where "ns/name" order and (namespace, name)
+    // order disagree: "a" / "a-b" / "a.b" / "a0", long common prefixes.
+    let long = "x".repeat(200);
+    let namespaces = ["a", "a-b", "a-0", "a0", "ab", "b"];
+    let names = [
+        "a".to_string(),
+        "a-b".into(),
+        "a.b".into(),
+        "a0".into(),
+        "a-b-c".into(),
+        "a-0".into(),
+        long.clone(),
+        format!("{long}-1"),
+        format!("{long}.1"),
+        format!("{long}1"),
+    ];
+    let mut expected = Vec::new();
+    for ns in namespaces {
+        for name in &names {
+            let (code, body) = api
+                .json(
+                    "POST",
+                    &format!("/apis/example.com/v1/namespaces/{ns}/widgets"),
+                    Some(widget(name, 1)),
+                )
+                .await;
+            assert_eq!(code, StatusCode::CREATED, "{body}");
+            expected.push((ns.to_string(), name.clone()));
+        }
+    }
+    expected.sort();
+    let key = |item: &Value| {
+        (
+            item["metadata"]["namespace"].as_str().unwrap().to_string(),
+            item["metadata"]["name"].as_str().unwrap().to_string(),
+        )
+    };
+    let (_, all) = api.json("GET", "/apis/example.com/v1/widgets", None).await;
+    let unpaged: Vec<_> = all["items"].as_array().unwrap().iter().map(key).collect();
+    assert_eq!(unpaged, expected);
+    for limit in [1, 2, 3, 7, 59] {
+        let mut seen = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let uri = match &token {
+                Some(t) => format!("/apis/example.com/v1/widgets?limit={limit}&continue={t}"),
+                None => format!("/apis/example.com/v1/widgets?limit={limit}"),
+            };
+            let (code, page) = api.json("GET", &uri, None).await;
+            assert_eq!(code, StatusCode::OK, "{page}");
+            let items = page["items"].as_array().unwrap();
+            assert!(items.len() <= limit);
+            seen.extend(items.iter().map(key));
+            match page["metadata"]["continue"].as_str() {
+                Some(t) => {
+                    assert_eq!(
+                        page["metadata"]["remainingItemCount"],
+                        expected.len() - seen.len()
+                    );
+                    token = Some(t.to_string());
+                }
+                None => break,
+            }
+            assert!(
+                seen.len() <= expected.len(),
+                "limit {limit}: pages repeat objects"
+            );
+        }
+        assert_eq!(seen, expected, "limit {limit}");
+    }
+    // One namespace pages the same way.
+    let (_, page) = api
+        .json(
+            "GET",
+            "/apis/example.com/v1/namespaces/a-b/widgets?limit=4",
+            None,
+        )
+        .await;
+    let t = page["metadata"]["continue"].as_str().unwrap().to_string();
+    let (_, rest) = api
+        .json(
+            "GET",
+            &format!("/apis/example.com/v1/namespaces/a-b/widgets?limit=100&continue={t}"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        page["items"].as_array().unwrap().len() + rest["items"].as_array().unwrap().len(),
+        names.len()
+    );
+    assert!(rest["metadata"].get("continue").is_none());
+}
+
+#[tokio::test]
+async fn names_and_namespaces_are_validated_as_kubernetes_does() {
+    let api = api();
+    for bad in ["a|b", "A_b", "a_b", "-a", "a..b"] {
+        let (code, status) = api.json("POST", BASE, Some(widget(bad, 1))).await;
+        assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {status}");
+        assert_eq!(
+            status["message"],
+            format!(
+                "Widget.example.com \"{bad}\" is invalid: metadata.name: Invalid value: \"{bad}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+            )
+        );
+    }
+    // An object's namespace is a DNS-1123 label: `|` and `.` are refused.
+    for bad_ns in ["team%7Ca", "a.b"] {
+        let (code, status) = api
+            .json("POST", &widgets_in(bad_ns), Some(widget("w", 1)))
+            .await;
+        assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+        assert_eq!(
+            status["details"]["causes"][0]["field"],
+            "metadata.namespace"
+        );
+    }
+    let (code, _) = api
+        .json("POST", BASE, Some(widget(&"a".repeat(254), 1)))
+        .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn namespaces_have_kube_apiservers_lifecycle() {
+    let hub = hub();
+    let (code, ns) = hub.create_namespace("team-a").await;
+    assert_eq!(code, StatusCode::CREATED, "{ns}");
+    assert_eq!(ns["status"]["phase"], "Active");
+    assert_eq!(ns["spec"]["finalizers"], json!(["kubernetes"]));
+    assert_eq!(
+        ns["metadata"]["labels"]["kubernetes.io/metadata.name"],
+        "team-a"
+    );
+    for bad in ["team|a", "Team", "a.b"] {
+        let (code, status) = hub.create_namespace(bad).await;
+        assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+        assert!(
+            status["message"]
+                .as_str()
+                .unwrap()
+                .contains("a lowercase RFC 1123 label must consist of"),
+            "{status}"
+        );
+    }
+
+    // Objects only in namespaces that exist, as NamespaceLifecycle answers.
+    let (code, status) = hub
+        .json(ADMIN, "POST", &widgets_in("nope"), Some(widget("w", 1)))
+        .await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "{status}");
+    assert_eq!(status["message"], "namespaces \"nope\" not found");
+    assert_eq!(status["reason"], "NotFound");
+    assert_eq!(
+        status["details"],
+        json!({"name": "nope", "kind": "namespaces"})
+    );
+    let (code, _) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &widgets_in("team-a"),
+            Some(widget("plain", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED);
+    let mut held = widget("held", 1);
+    held["metadata"]["finalizers"] = json!(["example.com/cleanup"]);
+    let (code, _) = hub
+        .json(ADMIN, "POST", &widgets_in("team-a"), Some(held))
+        .await;
+    assert_eq!(code, StatusCode::CREATED);
+
+    // Labels change; spec and status do not through the main resource.
+    let (code, labelled) = hub
+        .call(
+            ADMIN,
+            "PATCH",
+            "/api/v1/namespaces/team-a",
+            "application/merge-patch+json",
+            Some(json!({"metadata": {"labels": {"tier": "gold"}}, "spec": {"finalizers": []}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{labelled}");
+    assert_eq!(labelled["metadata"]["labels"]["tier"], "gold");
+    assert_eq!(labelled["spec"]["finalizers"], json!(["kubernetes"]));
+
+    // Deleted: Terminating, and no new content.
+    let (code, deleting) = hub
+        .json(ADMIN, "DELETE", "/api/v1/namespaces/team-a", None)
+        .await;
+    assert_eq!(code, StatusCode::OK, "{deleting}");
+    assert_eq!(deleting["status"]["phase"], "Terminating");
+    let (code, status) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &widgets_in("team-a"),
+            Some(widget("late", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{status}");
+    assert_eq!(
+        status["message"],
+        "widgets.example.com \"late\" is forbidden: unable to create new content in namespace team-a because it is being terminated"
+    );
+    assert_eq!(
+        status["details"]["causes"][0]["reason"],
+        "NamespaceTerminating"
+    );
+    assert_eq!(
+        status["details"]["causes"][0]["field"],
+        "metadata.namespace"
+    );
+
+    // The controller empties it, finalizers respected, then removes it.
+    let controller = tokio::spawn(
+        hub.server
+            .clone()
+            .run_namespace_controller(std::future::pending()),
+    );
+    let get = |name: &'static str| {
+        let hub = &hub;
+        async move {
+            hub.json(
+                ADMIN,
+                "GET",
+                &format!("{}/{name}", widgets_in("team-a")),
+                None,
+            )
+            .await
+        }
+    };
+    eventually("plain deleted", async || {
+        get("plain").await.0 == StatusCode::NOT_FOUND
+    })
+    .await;
+    eventually("held marked", async || {
+        get("held").await.1["metadata"]["deletionTimestamp"].is_string()
+    })
+    .await;
+    let (code, ns) = hub
+        .json(ADMIN, "GET", "/api/v1/namespaces/team-a", None)
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(ns["status"]["phase"], "Terminating");
+    let (code, _) = hub
+        .call(
+            ADMIN,
+            "PATCH",
+            &format!("{}/held", widgets_in("team-a")),
+            "application/merge-patch+json",
+            Some(json!({"metadata": {"finalizers": null}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    eventually("namespace removed", async || {
+        hub.json(ADMIN, "GET", "/api/v1/namespaces/team-a", None)
+            .await
+            .0
+            == StatusCode::NOT_FOUND
+    })
+    .await;
+    controller.abort();
+
+    // `default` stays.
+    hub.create_namespace("default").await;
+    let (code, status) = hub
+        .json(ADMIN, "DELETE", "/api/v1/namespaces/default", None)
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert_eq!(
+        status["message"],
+        "namespaces \"default\" is forbidden: this namespace may not be deleted"
+    );
+}
+
+#[tokio::test]
+async fn namespaces_in_use_are_created_at_start() {
+    let hub = hub();
+    // A store written before namespaces were served.
+    hub.store
+        .commit(vec![Op::Create {
+            key: Key::new("example.com/widgets", Some("legacy"), "w"),
+            value: json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "namespace": "legacy"}}),
+        }])
+        .await
+        .unwrap();
+    let created = hub.server.ensure_namespaces(&["default"]).await.unwrap();
+    assert_eq!(created, ["default", "legacy"]);
+    assert!(
+        hub.server
+            .ensure_namespaces(&["default"])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (code, legacy) = hub
+        .json(ADMIN, "GET", "/api/v1/namespaces/legacy", None)
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(legacy["status"]["phase"], "Active");
+}
+
+#[tokio::test]
+async fn tenants_see_and_review_only_what_the_policy_grants() {
+    let hub = hub();
+    for ns in ["team-a", "team-b"] {
+        assert_eq!(hub.create_namespace(ns).await.0, StatusCode::CREATED);
+    }
+    let names = |list: &Value| -> Vec<String> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, all) = hub.json(ADMIN, "GET", "/api/v1/namespaces", None).await;
+    assert_eq!(names(&all), ["team-a", "team-b"]);
+    let (code, mine) = hub.json(ALICE, "GET", "/api/v1/namespaces", None).await;
+    assert_eq!(code, StatusCode::OK, "{mine}");
+    assert_eq!(names(&mine), ["team-a"]);
+    assert_eq!(
+        hub.json(ALICE, "GET", "/api/v1/namespaces/team-a", None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (code, status) = hub
+        .json(ALICE, "GET", "/api/v1/namespaces/team-b", None)
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{status}");
+    let (code, status) = hub
+        .json(
+            ALICE,
+            "POST",
+            "/api/v1/namespaces",
+            Some(namespace::object("mine")),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{status}");
+    assert_eq!(
+        status["message"],
+        "namespaces is forbidden: User \"alice\" cannot create resource \"namespaces\" in API group \"\" at the cluster scope"
+    );
+    let (code, _) = hub
+        .json(ALICE, "DELETE", "/api/v1/namespaces/team-a", None)
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+
+    // A watch shows the granted namespace only.
+    let req = Request::builder()
+        .uri("/api/v1/namespaces?watch=1&timeoutSeconds=1")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body(Body::empty())
+        .unwrap();
+    let resp = hub.router.clone().oneshot(req).await.unwrap();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let events: Vec<Value> = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "team-a");
+
+    // kubectl auth can-i / whoami.
+    let can_i = |ns: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"namespace": ns, "verb": "create", "group": "example.com", "resource": "widgets"}}})
+    };
+    let uri = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    let (code, answer) = hub.json(ALICE, "POST", uri, Some(can_i("team-b"))).await;
+    assert_eq!(code, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["status"]["allowed"], false);
+    let (_, answer) = hub.json(ADMIN, "POST", uri, Some(can_i("team-b"))).await;
+    assert_eq!(answer["status"]["allowed"], true);
+    // Reviews are created, never listed.
+    let (code, _) = hub.json(ALICE, "GET", uri, None).await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    let (code, _) = hub.json(ADMIN, "GET", uri, None).await;
+    assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+    let (code, me) = hub
+        .json(
+            ALICE,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            Some(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{me}");
+    assert_eq!(me["status"]["userInfo"]["username"], "alice");
+    assert_eq!(
+        me["status"]["userInfo"]["groups"],
+        json!(["team-a", "system:authenticated"])
+    );
+    let (_, discovery) = hub
+        .json(ALICE, "GET", "/apis/authorization.k8s.io/v1", None)
+        .await;
+    assert_eq!(discovery["resources"][0]["verbs"], json!(["create"]));
+}
+
+#[tokio::test]
+async fn version_is_a_kubernetes_level_with_trainhubs_version() {
+    let api = api();
+    let (code, v) = api.json("GET", "/version", None).await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(
+        (v["major"].as_str(), v["minor"].as_str()),
+        (Some("1"), Some("33"))
+    );
+    assert_eq!(
+        v["gitVersion"],
+        format!("v1.33.0+trainhub-{}", env!("CARGO_PKG_VERSION"))
+    );
+}

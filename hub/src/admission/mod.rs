@@ -144,6 +144,9 @@ pub struct TrainerAdmission {
     /// Runtimes read (defaulted and typed), by key and resourceVersion:
     /// every TrainJob create, offer, build and status mapping reads one.
     runtimes: moka::sync::Cache<(Key, Rv), Arc<sdk::Runtime>>,
+    /// Who may set a TrainJob's priority annotation: the policy's admin
+    /// groups.
+    admin_groups: Vec<String>,
 }
 
 impl TrainerAdmission {
@@ -156,7 +159,56 @@ impl TrainerAdmission {
             schemas: Schemas::get(),
             clock: Box::new(SystemTime::now),
             runtimes: moka::sync::Cache::new(1024),
+            admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
+                .iter()
+                .map(|g| g.to_string())
+                .collect(),
         }
+    }
+
+    /// The groups whose members may set `trainhub.kubeflow.org/priority`
+    /// (the policy's admin groups; default `system:masters` and
+    /// `trainhub:admins`).
+    pub fn with_admin_groups(mut self, groups: Vec<String>) -> Self {
+        self.admin_groups = groups;
+        self
+    }
+
+    /// Until priorities come from admin-defined priority classes, a
+    /// TrainJob's priority annotation is the admins' to set or change: a
+    /// tenant may keep the value an admin gave, or drop it, never set its
+    /// own.
+    ///
+    /// 403 Forbidden rather than 422 Invalid: the value is not malformed,
+    /// the caller lacks the authority, and kube-apiserver answers the same
+    /// case (a pod naming a priority class its namespace may not use, in
+    /// the `Priority` and `ResourceQuota` admission plugins) with 403.
+    fn check_priority(&self, request: &Request<'_>, object: &Value) -> Result<(), ApiError> {
+        let set = &object["metadata"]["annotations"][crate::dispatch::ANNOTATION_PRIORITY];
+        let before = request.old.map_or(&Value::Null, |o| {
+            &o["metadata"]["annotations"][crate::dispatch::ANNOTATION_PRIORITY]
+        });
+        if set.is_null()
+            || set == before
+            || self.admin_groups.iter().any(|g| request.user.in_group(g))
+        {
+            return Ok(());
+        }
+        let annotation = crate::dispatch::ANNOTATION_PRIORITY;
+        Err(ApiError::forbidden_because(
+            constants::TRAINER_GROUP,
+            "trainjobs",
+            request.name,
+            &format!(
+                "only members of the admin groups ({}) may set the annotation {annotation}",
+                self.admin_groups.join(", ")
+            ),
+        )
+        .with_cause(
+            "FieldValueForbidden",
+            &format!("only admins may set {annotation}"),
+            &format!("metadata.annotations[{annotation}]"),
+        ))
     }
 
     /// Uses `clock` for the time stamped on runtime patches.
@@ -455,6 +507,7 @@ impl Admission for TrainerAdmission {
         }
         schema.apply_defaults(object);
         if kind == "TrainJob" {
+            self.check_priority(request, object)?;
             self.admit_trainjob(request, schema, object, old.as_ref())
         } else {
             self.admit_runtime(request, kind, schema, object, old.as_ref())

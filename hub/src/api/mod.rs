@@ -1,8 +1,9 @@
 //! The hub's API: which resources it serves, read from the CRDs in
 //! `manifests/crds/` (so discovery, OpenAPI, printer columns and field
 //! pruning follow the same schema a real API server would enforce), plus the
-//! read-only core views of what spokes report (pods, events) and the
-//! configuration clients read (configmaps).
+//! read-only core views of what spokes report (pods, events), the
+//! configuration clients read (configmaps), namespaces (the tenants) and
+//! the self reviews of `kubectl auth`.
 
 use anyhow::{Context, Result, anyhow};
 use serde_json::Value;
@@ -39,6 +40,8 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
         defs.push(from_crd(&crd).with_context(|| format!("reading {file}"))?);
     }
     defs.extend(core_resources());
+    defs.push(trainhub_apiserver::namespace::resource_def());
+    defs.extend(trainhub_apiserver::review::resource_defs());
     Ok(defs)
 }
 
@@ -201,5 +204,15 @@ mod tests {
             defs.iter()
                 .any(|d| d.store_key() == PODS && d.read_only && d.log_subresource)
         );
+        let ns = defs.iter().find(|d| d.plural == "namespaces").unwrap();
+        assert!(!ns.namespaced && ns.short_names == ["ns"]);
+        for plural in [
+            "selfsubjectaccessreviews",
+            "selfsubjectrulesreviews",
+            "selfsubjectreviews",
+        ] {
+            let review = defs.iter().find(|d| d.plural == plural).unwrap();
+            assert_eq!(review.verbs(), ["create"]);
+        }
     }
 }

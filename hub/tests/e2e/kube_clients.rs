@@ -264,6 +264,8 @@ async fn unauthenticated_and_unauthorized_requests_are_refused() {
             kube::Client::try_from(config).expect("client")
         }
     };
+    // The admin creates alice's namespace, as on any cluster.
+    hub.kubectl_ok(&["create", "namespace", "team-a"]);
     let anonymous = as_user(None).await;
     let e = Api::<DynamicObject>::namespaced_with(anonymous, "default", &trainjobs())
         .list(&ListParams::default())

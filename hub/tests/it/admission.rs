@@ -795,3 +795,67 @@ async fn admission_runs_the_wasm_plugins_of_a_registry() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].0, "spec.trainer.env[0].name");
 }
+
+/// Only the policy's admin groups set a TrainJob's priority: a tenant's
+/// create or change of `trainhub.kubeflow.org/priority` is 403 naming the
+/// annotation; keeping an admin's value or dropping it is fine.
+#[tokio::test]
+async fn the_priority_annotation_is_for_admins_only() {
+    let hub = Hub::new();
+    hub.apply(&torch_runtime()).await;
+    let def = def("TrainJob");
+    let admit = |groups: &[&str], operation, object: &Value, old: Option<&Value>| {
+        let user = UserInfo {
+            name: "someone".into(),
+            uid: "1".into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        };
+        let request = Request {
+            operation,
+            resource: &def,
+            subresource: None,
+            namespace: Some("default"),
+            name: "prio",
+            old,
+            user: &user,
+            dry_run: false,
+        };
+        let mut admitted = object.clone();
+        hub.admission
+            .admit(&request, &mut admitted)
+            .map(|_| admitted)
+    };
+    let mut prio = job("prio", json!({"runtimeRef": {"name": "torch-distributed"}}));
+    prio["metadata"]["annotations"] = json!({"trainhub.kubeflow.org/priority": "100"});
+
+    let e = admit(&["team-a"], Operation::Create, &prio, None).unwrap_err();
+    assert_eq!((e.code, e.reason), (403, "Forbidden"), "{}", e.message);
+    assert_eq!(
+        e.message,
+        "trainjobs.trainer.kubeflow.org \"prio\" is forbidden: only members of the admin groups (system:masters, trainhub:admins) may set the annotation trainhub.kubeflow.org/priority"
+    );
+    assert_eq!(
+        e.causes[0].field,
+        "metadata.annotations[trainhub.kubeflow.org/priority]"
+    );
+
+    // An admin sets it; the tenant may then keep it or drop it, not raise it.
+    let stored = admit(&["trainhub:admins"], Operation::Create, &prio, None).unwrap();
+    let mut relabelled = stored.clone();
+    relabelled["metadata"]["labels"] = json!({"team": "a"});
+    admit(&["team-a"], Operation::Update, &relabelled, Some(&stored)).unwrap();
+    let mut raised = stored.clone();
+    raised["metadata"]["annotations"]["trainhub.kubeflow.org/priority"] = json!("1000");
+    let e = admit(&["team-a"], Operation::Update, &raised, Some(&stored)).unwrap_err();
+    assert_eq!(e.code, 403, "{}", e.message);
+    let mut dropped = stored.clone();
+    dropped["metadata"]["annotations"] = json!({});
+    admit(&["team-a"], Operation::Update, &dropped, Some(&stored)).unwrap();
+
+    // Without the annotation nothing changes for tenants.
+    let plain = job(
+        "plain",
+        json!({"runtimeRef": {"name": "torch-distributed"}}),
+    );
+    admit(&["team-a"], Operation::Create, &plain, None).unwrap();
+}

@@ -57,6 +57,79 @@ pub trait Authorizer: Send + Sync + 'static {
     /// `Ok` to allow; `Err(reason)` to refuse with 403 (the reason is logged,
     /// the client sees the standard forbidden message).
     fn authorize(&self, user: &UserInfo, attributes: &Attributes<'_>) -> Result<(), String>;
+
+    /// Decides a request for a path that is no resource (`/version`,
+    /// `/metrics`), for access reviews. By default what every authenticated
+    /// user may do: get the discovery, version and health endpoints, as
+    /// kube-apiserver's `system:discovery` and `system:public-info-viewer`
+    /// roles allow.
+    fn authorize_non_resource(
+        &self,
+        _user: &UserInfo,
+        verb: &str,
+        path: &str,
+    ) -> Result<(), String> {
+        public_non_resource(verb, path)
+    }
+
+    /// What `user` may do in `namespace` (and cluster-wide), for
+    /// `SelfSubjectRulesReview` (`kubectl auth can-i --list`); `None` when
+    /// this authorizer cannot enumerate its rules (the review then says
+    /// `incomplete`).
+    fn rules(&self, _user: &UserInfo, _namespace: &str) -> Option<Rules> {
+        None
+    }
+}
+
+/// Paths every authenticated user may get (see
+/// [`Authorizer::authorize_non_resource`]).
+pub const PUBLIC_PATHS: [&str; 10] = [
+    "/api",
+    "/api/*",
+    "/apis",
+    "/apis/*",
+    "/openapi",
+    "/openapi/*",
+    "/version",
+    "/healthz",
+    "/livez",
+    "/readyz",
+];
+
+fn public_non_resource(verb: &str, path: &str) -> Result<(), String> {
+    let public = PUBLIC_PATHS.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => path == *p,
+    });
+    if verb == "get" && public {
+        Ok(())
+    } else {
+        Err(format!("{verb} of {path} is for admins only"))
+    }
+}
+
+/// The rules of a user, as `SelfSubjectRulesReview` lists them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rules {
+    pub resource_rules: Vec<ResourceRule>,
+    pub non_resource_rules: Vec<NonResourceRule>,
+}
+
+/// RBAC's `ResourceRule`: `*` means all.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourceRule {
+    pub verbs: Vec<String>,
+    pub api_groups: Vec<String>,
+    /// `resource` or `resource/subresource`.
+    pub resources: Vec<String>,
+    pub resource_names: Vec<String>,
+}
+
+/// RBAC's `NonResourceRule`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NonResourceRule {
+    pub verbs: Vec<String>,
+    pub non_resource_urls: Vec<String>,
 }
 
 /// Allows everything: for tests and stand-ins.
@@ -65,6 +138,31 @@ pub struct AllowAll;
 impl Authorizer for AllowAll {
     fn authorize(&self, _: &UserInfo, _: &Attributes<'_>) -> Result<(), String> {
         Ok(())
+    }
+    fn authorize_non_resource(&self, _: &UserInfo, _: &str, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+    fn rules(&self, _: &UserInfo, _: &str) -> Option<Rules> {
+        Some(Rules::everything())
+    }
+}
+
+impl Rules {
+    /// Everything, everywhere (admins).
+    pub fn everything() -> Rules {
+        let all = || vec!["*".to_string()];
+        Rules {
+            resource_rules: vec![ResourceRule {
+                verbs: all(),
+                api_groups: all(),
+                resources: all(),
+                resource_names: vec![],
+            }],
+            non_resource_rules: vec![NonResourceRule {
+                verbs: all(),
+                non_resource_urls: all(),
+            }],
+        }
     }
 }
 
@@ -214,6 +312,27 @@ mod tests {
         assert_eq!(s["details"]["kind"], "pods");
         assert_eq!(s["details"]["name"], "p-0");
         assert_eq!(s["code"], 403);
+    }
+
+    #[test]
+    fn discovery_and_health_are_public_paths() {
+        for path in [
+            "/api",
+            "/apis/trainer.kubeflow.org/v1alpha1",
+            "/version",
+            "/healthz",
+            "/openapi/v3",
+        ] {
+            assert!(public_non_resource("get", path).is_ok(), "{path}");
+        }
+        assert!(public_non_resource("post", "/api").is_err());
+        assert!(public_non_resource("get", "/metrics").is_err());
+        assert!(public_non_resource("get", "/debug/flags/v").is_err());
+        assert!(
+            DenyAll
+                .authorize_non_resource(&bob(), "get", "/version")
+                .is_ok()
+        );
     }
 
     #[test]

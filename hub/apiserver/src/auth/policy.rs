@@ -26,11 +26,15 @@
 //! - get, list and watch `pods` and `events` (core and `events.k8s.io`), and
 //!   get `pods/log`.
 //!
+//! They may get the `Namespace` objects of the namespaces granted to them,
+//! and list and watch namespaces (the server shows them only those).
+//!
 //! Anywhere, they may get, list and watch `clustertrainingruntimes` (the
 //! Kubeflow SDK lists them), and create the self-reviews that `kubectl auth
 //! can-i` and `kubectl auth whoami` send. Everything else, including listing
 //! a namespaced resource across all namespaces and any write of a
-//! cluster-scoped resource, is for admins only.
+//! cluster-scoped resource (creating, labelling or deleting a namespace
+//! among them), is for admins only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -38,7 +42,10 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-use super::{Attributes, AuthConfigError, Authorizer, UserInfo};
+use super::{
+    Attributes, AuthConfigError, Authorizer, NonResourceRule, PUBLIC_PATHS, ResourceRule, Rules,
+    UserInfo,
+};
 
 /// The admin groups when the policy names none.
 pub const DEFAULT_ADMIN_GROUPS: [&str; 2] = ["system:masters", "trainhub:admins"];
@@ -216,6 +223,10 @@ enum Rule {
     ClusterRead,
     /// Cluster-scoped, create only (self reviews).
     SelfReview,
+    /// Namespaces: get of a granted one (a namespace is in itself); list
+    /// and watch of all, which the server filters to those the caller may
+    /// get.
+    Namespaces,
 }
 
 const ALL_VERBS: [&str; 8] = [
@@ -229,7 +240,7 @@ const ALL_VERBS: [&str; 8] = [
     "deletecollection",
 ];
 
-fn rule(group: &str, resource: &str) -> Option<Rule> {
+fn rule_of(group: &str, resource: &str) -> Option<Rule> {
     match (group, resource) {
         (TRAINER_GROUP, "trainjobs") => Some(Rule::Namespaced {
             verbs: &ALL_VERBS,
@@ -248,6 +259,7 @@ fn rule(group: &str, resource: &str) -> Option<Rule> {
             get_subresources: &[],
         }),
         (TRAINER_GROUP, "clustertrainingruntimes") => Some(Rule::ClusterRead),
+        ("", "namespaces") => Some(Rule::Namespaces),
         ("authorization.k8s.io", "selfsubjectaccessreviews")
         | ("authorization.k8s.io", "selfsubjectrulesreviews")
         | ("authentication.k8s.io", "selfsubjectreviews") => Some(Rule::SelfReview),
@@ -255,7 +267,88 @@ fn rule(group: &str, resource: &str) -> Option<Rule> {
     }
 }
 
+/// Every (group, resource) with a non-admin rule, for listing rules.
+const RULED: [(&str, &str); 10] = [
+    (TRAINER_GROUP, "trainjobs"),
+    (TRAINER_GROUP, "trainingruntimes"),
+    ("", "pods"),
+    ("", "events"),
+    ("events.k8s.io", "events"),
+    (TRAINER_GROUP, "clustertrainingruntimes"),
+    ("", "namespaces"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews"),
+    ("authorization.k8s.io", "selfsubjectrulesreviews"),
+    ("authentication.k8s.io", "selfsubjectreviews"),
+];
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
 impl Authorizer for PolicyAuthorizer {
+    fn authorize_non_resource(
+        &self,
+        user: &UserInfo,
+        verb: &str,
+        path: &str,
+    ) -> Result<(), String> {
+        if self.is_admin(user) {
+            return Ok(());
+        }
+        super::public_non_resource(verb, path)
+    }
+
+    fn rules(&self, user: &UserInfo, namespace: &str) -> Option<Rules> {
+        if self.is_admin(user) {
+            return Some(Rules::everything());
+        }
+        let granted = !namespace.is_empty() && self.granted(user, namespace);
+        let mut rules = Vec::new();
+        for (group, resource) in RULED {
+            let rule = |verbs: &[&str], resources: Vec<String>, names: Vec<String>| ResourceRule {
+                verbs: strings(verbs),
+                api_groups: vec![group.to_string()],
+                resources,
+                resource_names: names,
+            };
+            match rule_of(group, resource) {
+                Some(Rule::Namespaced {
+                    verbs,
+                    get_subresources,
+                }) if granted => {
+                    rules.push(rule(verbs, vec![resource.to_string()], vec![]));
+                    for sub in get_subresources {
+                        rules.push(rule(&["get"], vec![format!("{resource}/{sub}")], vec![]));
+                    }
+                }
+                Some(Rule::ClusterRead) => {
+                    rules.push(rule(&READ_VERBS, vec![resource.to_string()], vec![]));
+                }
+                Some(Rule::SelfReview) => {
+                    rules.push(rule(&["create"], vec![resource.to_string()], vec![]));
+                }
+                Some(Rule::Namespaces) => {
+                    rules.push(rule(&["list", "watch"], vec![resource.to_string()], vec![]));
+                    if granted {
+                        rules.push(rule(
+                            &READ_VERBS,
+                            vec![resource.to_string()],
+                            vec![namespace.to_string()],
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(Rules {
+            resource_rules: rules,
+            non_resource_rules: vec![NonResourceRule {
+                verbs: strings(&["get"]),
+                non_resource_urls: strings(&PUBLIC_PATHS),
+            }],
+        })
+    }
+
     fn authorize(&self, user: &UserInfo, a: &Attributes<'_>) -> Result<(), String> {
         if self.is_admin(user) {
             return Ok(());
@@ -265,7 +358,7 @@ impl Authorizer for PolicyAuthorizer {
             Some(s) => format!("{}/{s}", a.resource),
             None => a.resource.to_string(),
         };
-        let Some(rule) = rule(a.group, a.resource) else {
+        let Some(rule) = rule_of(a.group, a.resource) else {
             return Err(format!(
                 "{resource} in API group \"{}\" is for admins only",
                 a.group
@@ -292,6 +385,17 @@ impl Authorizer for PolicyAuthorizer {
             },
             Rule::SelfReview => match subresource {
                 None if a.verb == "create" => Ok(()),
+                _ => Err(refused()),
+            },
+            Rule::Namespaces => match (subresource, a.namespace.filter(|n| !n.is_empty())) {
+                (None, None) if matches!(a.verb, "list" | "watch") => Ok(()),
+                (None, Some(ns)) if READ_VERBS.contains(&a.verb) => {
+                    if self.granted(user, ns) {
+                        Ok(())
+                    } else {
+                        Err(format!("namespace \"{ns}\" is not granted to the user"))
+                    }
+                }
                 _ => Err(refused()),
             },
         }
@@ -543,6 +647,88 @@ namespaces:
                 None
             )
         ));
+    }
+
+    #[test]
+    fn tenants_get_their_namespaces_and_write_none() {
+        let alice = user("alice", &[]);
+        let ns = |verb, name| attrs(verb, "", "namespaces", None, name);
+        assert!(allowed(&alice, ns("get", Some("team-a"))));
+        assert!(allowed(&alice, ns("watch", Some("team-a"))));
+        assert!(!allowed(&alice, ns("get", Some("team-b"))));
+        // Lists of all namespaces are filtered by the server.
+        assert!(allowed(&alice, ns("list", None)));
+        assert!(allowed(&alice, ns("watch", None)));
+        assert!(!allowed(&alice, ns("get", None)));
+        for verb in WRITE_VERBS {
+            let e = authz()
+                .authorize(&alice, &ns(verb, Some("team-a")))
+                .unwrap_err();
+            assert_eq!(e, format!("{verb} of namespaces is for admins only"));
+            assert!(!allowed(&alice, ns(verb, None)));
+        }
+        assert!(!allowed(
+            &alice,
+            attrs("get", "", "namespaces", Some("status"), Some("team-a"))
+        ));
+        let admin = user("root", &["system:masters"]);
+        assert!(allowed(&admin, ns("create", None)));
+        assert!(allowed(&admin, ns("delete", Some("team-b"))));
+    }
+
+    #[test]
+    fn rules_list_what_authorize_allows() {
+        let alice = user("alice", &[]);
+        let z = authz();
+        let rules = z.rules(&alice, "team-a").unwrap();
+        // Every listed rule is allowed, in team-a (and no more in team-b).
+        for r in &rules.resource_rules {
+            for verb in &r.verbs {
+                for resource in &r.resources {
+                    let (resource, sub) = match resource.split_once('/') {
+                        Some((r, s)) => (r, Some(s)),
+                        None => (resource.as_str(), None),
+                    };
+                    let a = attrs(verb, &r.api_groups[0], resource, sub, Some("team-a"));
+                    let a = if resource == "clustertrainingruntimes"
+                        || resource.starts_with("self")
+                        || (resource == "namespaces" && r.resource_names.is_empty())
+                    {
+                        Attributes {
+                            namespace: None,
+                            ..a
+                        }
+                    } else {
+                        a
+                    };
+                    assert!(z.authorize(&alice, &a).is_ok(), "{a:?}");
+                }
+            }
+        }
+        assert!(
+            rules
+                .resource_rules
+                .iter()
+                .any(|r| r.resources == ["trainjobs"] && r.verbs.len() == 8)
+        );
+        let elsewhere = z.rules(&alice, "team-b").unwrap();
+        assert!(
+            !elsewhere
+                .resource_rules
+                .iter()
+                .any(|r| r.resources == ["trainjobs"])
+        );
+        assert!(
+            elsewhere
+                .resource_rules
+                .iter()
+                .any(|r| r.resources == ["selfsubjectaccessreviews"])
+        );
+        let admin = user("root", &["trainhub:admins"]);
+        assert_eq!(z.rules(&admin, "x"), Some(Rules::everything()));
+        assert!(z.authorize_non_resource(&admin, "get", "/metrics").is_ok());
+        assert!(z.authorize_non_resource(&alice, "get", "/metrics").is_err());
+        assert!(z.authorize_non_resource(&alice, "get", "/version").is_ok());
     }
 
     #[test]

@@ -241,6 +241,7 @@ fn openapi_document(server: &Server, group: &str, version: &str) -> Value {
         .resources
         .iter()
         .filter(|r| r.group == group && r.version == version)
+        .filter(|r| !crate::review::is_review(r))
     {
         let name = schema_name(r);
         let gvk = json!([{"group": r.group, "version": r.version, "kind": r.kind}]);

@@ -9,15 +9,16 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
 use super::request::{self, Format, Path, Query, Shared, Target};
-use super::{discovery, meta, meta_str, watch};
+use super::{discovery, meta, meta_str, namespaces, watch};
 use crate::admission::{Operation, Outcome};
 use crate::auth::UserInfo;
 use crate::field::FieldError;
+use crate::namespace::{self as ns, is_namespaces};
 use crate::resource::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{self, ApiError};
 use crate::store::{Key, Object, Op, Rv};
-use crate::{admission, patch, schema, table};
+use crate::{admission, names, patch, review, schema, table};
 
 /// Request bodies larger than this are refused with 413, as kube-apiserver
 /// refuses them.
@@ -157,7 +158,7 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
         &user,
         verb,
         &def,
-        target.namespace.as_deref(),
+        namespaces::authorization_namespace(&def, &target),
         target.name.as_deref().unwrap_or_default(),
         target.subresource.as_deref(),
     )?;
@@ -173,6 +174,17 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
         format,
     };
     let method = parts.method;
+    if review::is_review(&ctx.def) {
+        return match (&method, ctx.sub(), ctx.target.name.is_some()) {
+            (&Method::POST, None, false) => {
+                let body = request::parse_body(&ctx.headers, &body)?;
+                let answer =
+                    review::answer(&ctx.def, &body, &ctx.user, ctx.server.authorizer.as_ref())?;
+                Ok(ctx.respond(StatusCode::CREATED, &answer, &[]))
+            }
+            _ => Err(method_not_allowed(&method)),
+        };
+    }
     match (ctx.sub(), ctx.target.name.is_some()) {
         (None, false) => match method {
             Method::GET if ctx.query.flag("watch") => watch::serve(ctx).await,
@@ -275,6 +287,8 @@ pub(crate) fn now_rfc3339() -> String {
 pub(crate) struct Selectors {
     labels: Option<LabelSelector>,
     fields: Option<FieldSelector>,
+    /// Namespaces: only those the caller may get are listed.
+    visibility: Option<namespaces::Visibility>,
 }
 
 impl Selectors {
@@ -291,7 +305,13 @@ impl Selectors {
             .get("fieldSelector")
             .map(|s| FieldSelector::parse(s, &supported))
             .transpose()?;
-        Ok(Selectors { labels, fields })
+        let visibility =
+            is_namespaces(&ctx.def).then(|| namespaces::Visibility::new(&ctx.server, &ctx.user));
+        Ok(Selectors {
+            labels,
+            fields,
+            visibility,
+        })
     }
 
     pub fn matches(&self, value: &Value) -> bool {
@@ -299,14 +319,36 @@ impl Selectors {
             .as_ref()
             .is_none_or(|s| s.matches(meta(value).get("labels")))
             && self.fields.as_ref().is_none_or(|s| s.matches(value))
+            && self.visibility.as_ref().is_none_or(|v| v.allows(value))
     }
 }
 
-/// The continue token of a paged list: where the next page starts.
+/// The continue token of a paged list: the resourceVersion of the first
+/// page and the last (namespace, name) it returned. Pages follow the
+/// store's order, namespace first, then name, compared as tuples: a
+/// token compared as one `namespace/name` string would disagree with that
+/// order wherever a name is a prefix of another (`a` / `a-b`, `a` / `a0`)
+/// and skip or repeat objects.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Continue {
     rv: Rv,
-    after: String,
+    ns: String,
+    name: String,
+}
+
+impl Continue {
+    fn after(key: &Key, rv: Rv) -> Continue {
+        Continue {
+            rv,
+            ns: key.namespace.clone(),
+            name: key.name.clone(),
+        }
+    }
+
+    /// Whether `key` comes after the page this token ends.
+    fn precedes(&self, key: &Key) -> bool {
+        (key.namespace.as_str(), key.name.as_str()) > (self.ns.as_str(), self.name.as_str())
+    }
 }
 
 fn list(ctx: &Ctx) -> Result<Response, ApiError> {
@@ -329,7 +371,7 @@ fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     };
     let mut items: Vec<&Object> = objects
         .iter()
-        .filter(|o| after.as_ref().is_none_or(|a| position(&o.key) > a.after))
+        .filter(|o| after.as_ref().is_none_or(|a| a.precedes(&o.key)))
         .filter(|o| selectors.matches(&o.value))
         .collect();
     let mut next = None;
@@ -339,12 +381,10 @@ fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     {
         remaining = items.len() - limit;
         items.truncate(limit);
-        next = items.last().map(|o| {
-            encode_continue(&Continue {
-                rv,
-                after: position(&o.key),
-            })
-        });
+        let rv = after.as_ref().map_or(rv, |a| a.rv);
+        next = items
+            .last()
+            .map(|o| encode_continue(&Continue::after(&o.key, rv)));
     }
     let list_rv = after.map_or(rv, |a| a.rv).to_string();
     let values: Vec<&Value> = items.iter().map(|o| o.value.as_ref()).collect();
@@ -387,10 +427,6 @@ fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         }
     };
     Ok(request::respond(StatusCode::OK, &body, ctx.format, &[]))
-}
-
-fn position(key: &Key) -> String {
-    format!("{}/{}", key.namespace, key.name)
 }
 
 fn encode_continue(c: &Continue) -> String {
@@ -462,30 +498,27 @@ fn metadata_mut(value: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
-/// A DNS-1123 subdomain, the generic object name rule.
+/// Whether `ctx` is about namespaces with their lifecycle.
+fn lifecycle(ctx: &Ctx) -> bool {
+    is_namespaces(&ctx.def) && ctx.server.serves_namespaces()
+}
+
+/// Names as kube-apiserver validates them: a namespace's a DNS-1123 label,
+/// every other object's a DNS-1123 subdomain; the namespace of a namespaced
+/// object a DNS-1123 label.
 fn check_name(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
-    let valid = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        });
-    if valid {
+    let mut errors = names::validate_name(name, is_namespaces(&ctx.def));
+    if let Some(namespace) = ctx.target.namespace.as_deref() {
+        errors.extend(names::validate_namespace(namespace));
+    }
+    if errors.is_empty() {
         return Ok(());
     }
     Err(ApiError::invalid(
         &ctx.def.group,
         &ctx.def.kind,
         name,
-        &[FieldError::invalid(
-            "metadata.name",
-            name,
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')",
-        )],
+        &errors,
     ))
 }
 
@@ -624,6 +657,9 @@ pub(crate) async fn create_object(
             )],
         ));
     }
+    if let Some(namespace) = &url_ns {
+        namespaces::check_create(&ctx.server, &ctx.def, namespace, &name)?;
+    }
     meta.insert("uid".into(), uuid::Uuid::new_v4().to_string().into());
     meta.insert("creationTimestamp".into(), now_rfc3339().into());
     meta.insert("generation".into(), 1.into());
@@ -640,6 +676,9 @@ pub(crate) async fn create_object(
         && let Some(obj) = object.as_object_mut()
     {
         obj.remove("status");
+    }
+    if lifecycle(ctx) {
+        ns::prepare_create(&mut object, &name);
     }
     validate_fields(ctx, &mut object, &mut warnings)?;
     let manager = ctx.manager();
@@ -873,6 +912,9 @@ async fn write_update(
             }
         }
     }
+    if lifecycle(ctx) && !status_write {
+        ns::prepare_update(&mut new, &old.value, ctx.name());
+    }
     // What the server owns in metadata.
     let old_meta = meta(&old.value).clone();
     let meta = metadata_mut(&mut new);
@@ -975,7 +1017,7 @@ async fn delete(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
 
 /// Deletes one object: with finalizers it is marked (`deletionTimestamp`)
 /// and stays until they are removed; without, it goes at once.
-async fn delete_object(
+pub(crate) async fn delete_object(
     ctx: &Ctx,
     old: &Object,
     options: &Value,
@@ -1016,6 +1058,10 @@ async fn delete_object(
             ),
         ));
     }
+    let namespace_object = lifecycle(ctx);
+    if namespace_object {
+        namespaces::check_delete(&ctx.server, &name)?;
+    }
     let mut marked = old.value.as_ref().clone();
     let outcome = run_admission(ctx, Operation::Delete, Some(&old.value), &mut marked)?;
     let dry_run = ctx.dry_run()
@@ -1029,7 +1075,10 @@ async fn delete_object(
         _ => None,
     };
     let finalizers = meta_finalizers(&old.value);
-    if finalizers.is_empty() && gc_finalizer.is_none() {
+    // A namespace with spec finalizers stays, Terminating, until the
+    // namespace controller has emptied it.
+    let held = namespace_object && !ns::spec_finalizers(&old.value).is_empty();
+    if finalizers.is_empty() && gc_finalizer.is_none() && !held {
         if !dry_run {
             ctx.server
                 .store
@@ -1051,6 +1100,9 @@ async fn delete_object(
     let adds_finalizer = gc_finalizer.is_some_and(|f| !finalizers.iter().any(|g| g == f));
     if (deleting && !adds_finalizer) || dry_run {
         return Ok((StatusCode::OK, old.value.as_ref().clone(), outcome.warnings));
+    }
+    if namespace_object {
+        ns::mark_terminating(&mut marked, &now_rfc3339());
     }
     let meta = metadata_mut(&mut marked);
     if !deleting {

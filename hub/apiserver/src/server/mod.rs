@@ -10,6 +10,7 @@
 mod discovery;
 mod handlers;
 mod inflight;
+mod namespaces;
 mod request;
 mod watch;
 
@@ -29,19 +30,39 @@ use crate::patch::{BuiltinListKeys, ListKeys, SchemaListKeys};
 use crate::resource::ResourceDef;
 use crate::store::Store;
 
-/// What `/version` answers.
+/// The Kubernetes API level the server implements, as `/version` reports
+/// it (major, minor). kubectl warns when its own minor version is more than
+/// one away from the server's; 1.33 is the newest level both the kubectl
+/// clients in use (1.32 and 1.33) accept silently and the oldest that the
+/// `k8s-openapi` types (features `v1_33` to `v1_37`) describe. The core
+/// objects served (namespaces, pods, events, configmaps, reviews) have not
+/// changed shape between those levels.
+pub const KUBERNETES_VERSION: (u32, u32) = (1, 33);
+
+/// What `/version` answers: `major` and `minor` are read from
+/// `git_version`.
 #[derive(Debug, Clone)]
 pub struct VersionInfo {
     pub git_version: String,
     pub platform: String,
 }
 
-impl Default for VersionInfo {
-    fn default() -> Self {
+impl VersionInfo {
+    /// The Kubernetes API level with `program` and its version as build
+    /// metadata, as k3s reports `v1.33.1+k3s1`:
+    /// `v1.33.0+trainhub-0.1.0`.
+    pub fn kubernetes_level(program: &str, version: &str) -> Self {
+        let (major, minor) = KUBERNETES_VERSION;
         VersionInfo {
-            git_version: format!("v{}", env!("CARGO_PKG_VERSION")),
+            git_version: format!("v{major}.{minor}.0+{program}-{version}"),
             platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
         }
+    }
+}
+
+impl Default for VersionInfo {
+    fn default() -> Self {
+        Self::kubernetes_level("trainhub", env!("CARGO_PKG_VERSION"))
     }
 }
 
@@ -67,6 +88,11 @@ pub struct Server {
     inflight: inflight::InFlight,
     /// A watch whose client takes none of its events for this long ends.
     watch_send_timeout: Duration,
+    /// Whether namespaces have their lifecycle (see `namespaces`): objects
+    /// only in existing namespaces, deleted namespaces emptied.
+    namespace_lifecycle: bool,
+    /// Namespaces that cannot be deleted (`default` and the embedder's own).
+    protected_namespaces: Vec<String>,
     /// Bumped by [`Server::close_watches`]; every open watch ends when it changes.
     watch_epoch: tokio::sync::watch::Sender<u64>,
     /// Routes served without authentication (metrics), and routes for
@@ -145,6 +171,28 @@ impl Builder {
         self
     }
 
+    /// Gives namespaces kube-apiserver's lifecycle, for a server that serves
+    /// [`crate::namespace::resource_def`]: objects are created only in
+    /// namespaces that exist and are not being deleted; a deleted namespace
+    /// is `Terminating` until [`Server::run_namespace_controller`] has
+    /// emptied it. Off by default: a stand-in whose client manages
+    /// namespaces itself keeps them plain objects.
+    pub fn namespace_lifecycle(mut self, enabled: bool) -> Self {
+        self.server.namespace_lifecycle = enabled;
+        self
+    }
+
+    /// Namespaces that cannot be deleted besides `default` (the embedder's
+    /// own, e.g. where it publishes its configuration).
+    pub fn protected_namespaces(mut self, names: &[&str]) -> Self {
+        for name in names {
+            if !self.server.protected_namespaces.iter().any(|n| n == name) {
+                self.server.protected_namespaces.push(name.to_string());
+            }
+        }
+        self
+    }
+
     /// Routes of the embedding server: `public` ones are served without
     /// authentication; `authenticated` ones after it, with the caller as an
     /// `axum::Extension<UserInfo>` (their handlers authorize).
@@ -176,6 +224,8 @@ impl Server {
                 garbage_collection: false,
                 inflight: inflight::InFlight::new(RequestLimits::default()),
                 watch_send_timeout: Duration::from_secs(60),
+                namespace_lifecycle: false,
+                protected_namespaces: vec![crate::namespace::DEFAULT.to_string()],
                 watch_epoch: tokio::sync::watch::Sender::new(0),
                 public_routes: Router::new(),
                 authenticated_routes: Router::new(),
@@ -279,29 +329,10 @@ impl Server {
             })?;
         let namespace = def.namespaced.then(|| {
             meta_str(&object, "namespace")
-                .unwrap_or("default")
+                .unwrap_or(crate::namespace::DEFAULT)
                 .to_string()
         });
-        let ctx = handlers::Ctx {
-            server: self.clone(),
-            target: request::Target {
-                group: def.group.clone(),
-                version: def.version.clone(),
-                namespace,
-                plural: def.plural.clone(),
-                name: None,
-                subresource: None,
-            },
-            def,
-            query: request::Query::default(),
-            headers: axum::http::HeaderMap::new(),
-            user: auth::UserInfo {
-                name: "system:trainhub".into(),
-                uid: String::new(),
-                groups: vec!["system:masters".into()],
-            },
-            format: request::Format::Json,
-        };
+        let ctx = self.system_ctx(def, namespace.as_deref(), None);
         handlers::create_object(&ctx, object, None)
             .await
             .map(|(value, _)| value)

@@ -39,9 +39,16 @@ pub(crate) enum Path {
     Resource(Target),
 }
 
-/// Parses the part after `/api/` (core) or `/apis/` (named groups).
+/// Parses the part after `/api/` (core) or `/apis/` (named groups). Each
+/// segment is percent-decoded, as kube-apiserver reads it: a namespace or
+/// name sent as `a%7Cb` is `a|b`, and validated (and refused) as such.
 pub(crate) fn parse_path(core: bool, rest: &str) -> Option<Path> {
-    let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let decoded: Vec<String> = rest
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(decode_segment)
+        .collect();
+    let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
     let (group, rest) = if core {
         ("", &segments[..])
     } else {
@@ -76,6 +83,8 @@ pub(crate) fn parse_path(core: bool, rest: &str) -> Option<Path> {
             group: group.to_string(),
             version: Some(version.to_string()),
         }),
+        // A namespace's own subresource, not a resource in the namespace.
+        ["namespaces", _, "status"] if core => target(None, rest),
         ["namespaces", ns, tail @ ..] if !tail.is_empty() => target(Some(ns), tail),
         tail => target(None, tail),
     }
@@ -106,14 +115,26 @@ impl Query {
     }
 }
 
+/// Percent-decoding of a path segment (`+` stays `+`).
+fn decode_segment(s: &str) -> String {
+    if !s.contains('%') {
+        return s.to_string();
+    }
+    percent_decode(s, false)
+}
+
 /// Percent-decoding of a query component (`+` is a space).
 fn decode(s: &str) -> String {
+    percent_decode(s, true)
+}
+
+fn percent_decode(s: &str, plus_is_space: bool) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 2 < bytes.len() => {
                 let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
                 match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
@@ -272,6 +293,9 @@ pub(crate) fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiE
         return Err(ApiError::bad_request("the request body is empty"));
     }
     const WHAT: &str = "the request body";
+    if content_type == crate::protobuf::MEDIA_TYPE {
+        return crate::protobuf::decode(body);
+    }
     if content_type.ends_with("yaml") {
         let text = std::str::from_utf8(body)
             .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
@@ -429,6 +453,24 @@ mod tests {
             })
         );
         assert_eq!(parse_path(true, "v1/a/b/c/d"), None);
+        let p = parse_path(true, "v1/namespaces/a%7Cb/pods/x%2By+z");
+        assert!(
+            matches!(p, Some(Path::Resource(Target { ref namespace, ref name, .. }))
+                if namespace.as_deref() == Some("a|b") && name.as_deref() == Some("x+y+z")),
+            "{p:?}"
+        );
+        let p = parse_path(true, "v1/namespaces/team-a/status");
+        assert!(
+            matches!(p, Some(Path::Resource(Target { ref plural, namespace: None, ref name, ref subresource, .. }))
+                if plural == "namespaces" && name.as_deref() == Some("team-a") && subresource.as_deref() == Some("status")),
+            "{p:?}"
+        );
+        let p = parse_path(true, "v1/namespaces/team-a/pods/p");
+        assert!(
+            matches!(p, Some(Path::Resource(Target { ref plural, ref namespace, .. }))
+                if plural == "pods" && namespace.as_deref() == Some("team-a")),
+            "{p:?}"
+        );
     }
 
     #[test]

@@ -46,7 +46,19 @@ impl Key {
         }
     }
 
-    /// The storage key; `/` cannot occur in namespaces or names.
+    /// Whether the key can be stored and read back as it is: its namespace
+    /// and name hold neither the storage separator `|` nor `/` (valid
+    /// Kubernetes names never do; the store refuses the rest rather than read
+    /// them back as another key).
+    pub fn is_storable(&self) -> bool {
+        !self.resource.contains('|')
+            && [&self.namespace, &self.name]
+                .iter()
+                .all(|part| !part.contains(['|', '/']))
+    }
+
+    /// The storage key; `|` cannot occur in namespaces or names (see
+    /// [`Key::is_storable`]).
     pub(crate) fn encode(&self) -> String {
         format!("{}|{}|{}", self.resource, self.namespace, self.name)
     }
@@ -151,6 +163,9 @@ pub enum StoreError {
     Conflict { key: Key, expected: Rv, current: Rv },
     #[error("too old resource version: {requested} ({oldest})")]
     Gone { requested: Rv, oldest: Rv },
+    /// A namespace or name the store cannot hold (see [`Key::is_storable`]).
+    #[error("{0}: not a storable key: names and namespaces must not contain '|' or '/'")]
+    InvalidKey(Key),
     #[error("storage: {0}")]
     Storage(String),
 }

@@ -332,6 +332,9 @@ fn stage(
     let mut results = Vec::with_capacity(ops.len());
     for op in ops {
         let key = op.key().clone();
+        if !key.is_storable() {
+            return Err(StoreError::InvalidKey(key));
+        }
         let current = match local.iter().rev().find(|(k, _)| *k == key) {
             Some((_, o)) => o.clone(),
             None => match overlay.get(&key) {
@@ -673,6 +676,46 @@ mod tests {
         }
         let store = RedbStore::open(&path, 100).expect("reopen");
         assert_eq!(store.get(&key("n")).expect("n").value["spec"], numbers);
+    }
+
+    #[tokio::test]
+    async fn keys_that_would_read_back_as_others_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("store.redb");
+        let store = RedbStore::open(&path, 100).expect("open");
+        // "a|b" / "c" would be stored as "...|a|b|c" and read back as "a" / "b|c".
+        for key in [
+            Key::new("trainer.kubeflow.org/trainjobs", Some("a|b"), "c"),
+            Key::new("trainer.kubeflow.org/trainjobs", Some("a"), "b|c"),
+            Key::new("trainer.kubeflow.org/trainjobs", Some("a"), "b/c"),
+            Key::new("trainer.kubeflow.org/trainjobs", Some("a/b"), "c"),
+        ] {
+            let e = store
+                .commit(vec![Op::Create {
+                    key: key.clone(),
+                    value: job("c"),
+                }])
+                .await
+                .unwrap_err();
+            assert_eq!(e, StoreError::InvalidKey(key));
+        }
+        // A refused op refuses its whole commit.
+        let e = store
+            .commit(vec![
+                Op::Create {
+                    key: key("ok"),
+                    value: job("ok"),
+                },
+                Op::Put {
+                    key: Key::new("pods", Some("x|y"), "p"),
+                    value: job("p"),
+                },
+            ])
+            .await
+            .unwrap_err();
+        assert!(matches!(e, StoreError::InvalidKey(_)), "{e}");
+        assert!(store.get(&key("ok")).is_none());
+        assert_eq!(store.revision(), 0);
     }
 
     #[tokio::test]
