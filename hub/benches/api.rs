@@ -7,14 +7,13 @@
 //! process; memory is the growth of this process's resident set from before
 //! the first create to after the last, with the client's buffers released.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::api::{DynamicObject, PostParams};
 use serde_json::json;
-use trainhub::hub::{Config, Hub};
+use trainhub::hub::Hub;
 
 /// The allocator the `trainhub` and `trainspoke` binaries use.
 #[global_allocator]
@@ -22,15 +21,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[path = "support/mod.rs"]
 mod support;
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Resident set size of this process, in bytes.
 fn rss() -> u64 {
@@ -43,8 +33,8 @@ fn rss() -> u64 {
 }
 
 fn main() {
-    let jobs = arg("--jobs", 10_000);
-    let concurrency = arg("--concurrency", 32);
+    let jobs = support::arg("--jobs", 10_000);
+    let concurrency = support::arg("--concurrency", 32);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -55,22 +45,7 @@ fn main() {
 async fn run(jobs: usize, concurrency: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
-    let hub = Hub::open(Config {
-        data_dir: dir.path().join("data"),
-        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),
-        tls_cert: pki.cert_path("hub"),
-        tls_key: pki.key_path("hub"),
-        client_ca: None,
-        token_file: Some(dir.path().join("tokens.csv")),
-        policy_file: None,
-        plugins_dir: None,
-        grpc_listen: None,
-        spoke_ca: None,
-        dispatch: Default::default(),
-        event_ttl: trainhub::controller::events::DEFAULT_TTL,
-        api_limits: Default::default(),
-    })
-    .expect("hub");
+    let hub = Hub::open(support::hub_config(dir.path(), &pki, false)).expect("hub");
     hub.install(trainhub::hub::default_objects().expect("runtimes"))
         .await
         .expect("install");

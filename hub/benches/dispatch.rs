@@ -21,7 +21,6 @@
 //! `http://127.0.0.1:4317`), which counts the spans and drops them.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -40,22 +39,13 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[path = "support/mod.rs"]
 mod support;
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
-    let spokes = arg("--spokes", 50);
-    let jobs = arg("--jobs", 10_000);
-    let concurrency = arg("--concurrency", 32);
-    let rate = arg("--rate", 0);
+    let spokes = support::arg("--spokes", 50);
+    let jobs = support::arg("--jobs", 10_000);
+    let concurrency = support::arg("--concurrency", 32);
+    let rate = support::arg("--rate", 0);
     let incremental = std::env::args().any(|a| a == "--incremental");
-    let fanout = arg("--fanout", 0);
+    let fanout = support::arg("--fanout", 0);
     let otlp = std::env::args().any(|a| a == "--otlp");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -172,18 +162,7 @@ async fn run(
     } else {
         core::Mode::AllAtOnce
     };
-    let localhost = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
     let hub = Hub::open(Config {
-        data_dir: dir.path().join("data"),
-        listen: localhost(0),
-        tls_cert: pki.cert_path("hub"),
-        tls_key: pki.key_path("hub"),
-        client_ca: None,
-        token_file: Some(dir.path().join("tokens.csv")),
-        policy_file: None,
-        plugins_dir: None,
-        grpc_listen: Some(localhost(0)),
-        spoke_ca: Some(pki.cert_path("ca")),
         dispatch: DispatchConfig {
             core: core::Config {
                 mode,
@@ -192,8 +171,7 @@ async fn run(
             },
             ..DispatchConfig::default()
         },
-        event_ttl: trainhub::controller::events::DEFAULT_TTL,
-        api_limits: Default::default(),
+        ..support::hub_config(dir.path(), &pki, true)
     })
     .expect("hub");
     let dispatch = hub.dispatch.clone();

@@ -8,11 +8,9 @@
 //! `cargo bench -p trainhub --bench spokes -- [--spokes N] [--hold S]`
 //! (defaults: 1000 spokes, 30 s).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use trainhub::dispatch::DispatchConfig;
-use trainhub::hub::{Config, Hub};
+use trainhub::hub::Hub;
 use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::sim::SimBackend;
 
@@ -24,15 +22,6 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[allow(dead_code)]
 #[path = "support/mod.rs"]
 mod support;
-
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// User + system CPU time of this process.
 fn cpu_time() -> Duration {
@@ -53,8 +42,8 @@ fn cpu_time() -> Duration {
 }
 
 fn main() {
-    let spokes = arg("--spokes", 1000);
-    let hold = Duration::from_secs(arg("--hold", 30) as u64);
+    let spokes = support::arg("--spokes", 1000);
+    let hold = Duration::from_secs(support::arg("--hold", 30) as u64);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -65,23 +54,7 @@ fn main() {
 async fn run(spokes: usize, hold: Duration) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
-    let localhost = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
-    let hub = Hub::open(Config {
-        data_dir: dir.path().join("data"),
-        listen: localhost(0),
-        tls_cert: pki.cert_path("hub"),
-        tls_key: pki.key_path("hub"),
-        client_ca: None,
-        token_file: Some(dir.path().join("tokens.csv")),
-        policy_file: None,
-        plugins_dir: None,
-        grpc_listen: Some(localhost(0)),
-        spoke_ca: Some(pki.cert_path("ca")),
-        dispatch: DispatchConfig::default(),
-        event_ttl: trainhub::controller::events::DEFAULT_TTL,
-        api_limits: Default::default(),
-    })
-    .expect("hub");
+    let hub = Hub::open(support::hub_config(dir.path(), &pki, true)).expect("hub");
     let dispatch = hub.dispatch.clone();
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
     let _serving = tokio::spawn(hub.serve(

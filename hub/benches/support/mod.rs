@@ -5,6 +5,7 @@ use std::path::Path;
 
 use kube::api::{Api, DynamicObject};
 use kube::core::{ApiResource, GroupVersionKind};
+use trainhub::hub::Config;
 use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
 use trainhub_apiserver::pki::{Ca, PemDir};
 
@@ -57,4 +58,36 @@ pub async fn trainjobs(dir: &Path, api: SocketAddr, ca: &Ca) -> Api<DynamicObjec
         "trainjobs",
     );
     Api::namespaced_with(client, "default", &ar)
+}
+
+/// The value after `name` on the command line, as a number, else `default`.
+pub fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A hub on 127.0.0.1 (any free ports) with its data in `dir/data`, the
+/// material of [`pki_and_token`], default dispatch and limits, and the
+/// spokes' gRPC endpoint when `spokes`.
+pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
+    let localhost = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    Config {
+        data_dir: dir.join("data"),
+        listen: localhost(0),
+        tls_cert: pki.cert_path("hub"),
+        tls_key: pki.key_path("hub"),
+        client_ca: None,
+        token_file: Some(dir.join("tokens.csv")),
+        policy_file: None,
+        plugins_dir: None,
+        grpc_listen: spokes.then(|| localhost(0)),
+        spoke_ca: spokes.then(|| pki.cert_path("ca")),
+        dispatch: Default::default(),
+        event_ttl: trainhub::controller::events::DEFAULT_TTL,
+        api_limits: Default::default(),
+    }
 }
