@@ -295,8 +295,8 @@ impl Cgroups {
         }
     }
 
-    /// Every directory of a pod (one per hierarchy).
-    fn pod_dirs(&self, pod_uid: &str) -> Vec<PathBuf> {
+    /// The backend's group in every hierarchy it uses.
+    fn bases(&self) -> Vec<&PathBuf> {
         match &self.layout {
             Layout::V1 {
                 memory,
@@ -307,10 +307,14 @@ impl Cgroups {
                 .chain(cpu)
                 .chain(pids)
                 .chain(freezer)
-                .map(|d| d.join(pod_uid))
                 .collect(),
-            Layout::V2 { base, .. } => vec![base.join(pod_uid)],
+            Layout::V2 { base, .. } => vec![base],
         }
+    }
+
+    /// Every directory of a pod (one per hierarchy).
+    fn pod_dirs(&self, pod_uid: &str) -> Vec<PathBuf> {
+        self.bases().into_iter().map(|d| d.join(pod_uid)).collect()
     }
 
     /// Makes the group of one container with its limits; returns the
@@ -480,20 +484,7 @@ impl Cgroups {
 
     /// Kills every process of every pod and removes the backend's groups.
     pub fn remove_all(&self) {
-        let bases: Vec<PathBuf> = match &self.layout {
-            Layout::V1 {
-                memory,
-                cpu,
-                pids,
-                freezer,
-            } => std::iter::once(memory)
-                .chain(cpu)
-                .chain(pids)
-                .chain(freezer)
-                .cloned()
-                .collect(),
-            Layout::V2 { base, .. } => vec![base.clone()],
-        };
+        let bases = self.bases();
         let mut pods = BTreeSet::new();
         for base in &bases {
             if let Ok(entries) = std::fs::read_dir(base) {
