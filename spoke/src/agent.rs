@@ -279,9 +279,11 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
                         run_id: r.key.run_id.clone(),
                         generation: r.key.generation,
                         finished: r.finished,
+                        ..Default::default()
                     })
                     .collect(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
+                ..Default::default()
             })),
         });
         for run in &held {
@@ -307,6 +309,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
                 let message = pb::SpokeMessage {
                     message: Some(pb::spoke_message::Message::Heartbeat(pb::Heartbeat {
                         capacity: capacity(backend.as_ref()),
+                        ..Default::default()
                     })),
                 };
                 if tx.send(message).is_err() {
@@ -345,6 +348,7 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
     use pb::hub_message::Message;
     let backend = shared.backend.clone();
     match message {
+        Message::HeartbeatAck(_) => {}
         Message::Offer(offer) => {
             let key = RunKey {
                 run_id: offer.run_id.clone(),

@@ -37,7 +37,7 @@ pub const MAX_LABEL_KEY_BYTES: usize = 317;
 pub const MAX_LABEL_VALUE_BYTES: usize = 63;
 /// Resources in a capacity (hello or heartbeat).
 pub const MAX_RESOURCES: usize = 64;
-/// Runs a hello lists.
+/// Runs a hello lists, reservations a heartbeat lists.
 pub const MAX_RUNS_PER_HELLO: usize = 100_000;
 
 /// A message past a bound: what and which bound.
@@ -73,6 +73,23 @@ fn capacity(what: &str, capacity: &[crate::Capacity]) -> Result<(), LimitError> 
     Ok(())
 }
 
+fn runs(what: &str, runs: &[crate::RunRef], limit: usize) -> Result<(), LimitError> {
+    bound(|| what.into(), runs.len(), limit)?;
+    for (i, r) in runs.iter().enumerate() {
+        bound(
+            || format!("{what}[{i}].run_id"),
+            r.run_id.len(),
+            MAX_ID_BYTES,
+        )?;
+        bound(
+            || format!("{what}[{i}].reason"),
+            r.reason.len(),
+            MAX_ID_BYTES,
+        )?;
+    }
+    Ok(())
+}
+
 /// Whether a spoke's message keeps within the bounds (sizes in bytes or
 /// entries). The encoded size is tonic's to check, before decoding.
 pub fn check(message: &SpokeMessage) -> Result<(), LimitError> {
@@ -98,15 +115,17 @@ pub fn check(message: &SpokeMessage) -> Result<(), LimitError> {
             bound(|| "hello.version".into(), h.version.len(), MAX_ID_BYTES)?;
             capacity("hello", &h.capacity)?;
             bound(|| "hello.runs".into(), h.runs.len(), MAX_RUNS_PER_HELLO)?;
-            for (i, r) in h.runs.iter().enumerate() {
-                bound(
-                    || format!("hello.runs[{i}].run_id"),
-                    r.run_id.len(),
-                    MAX_ID_BYTES,
-                )?;
-            }
+            runs("hello.runs", &h.runs, MAX_RUNS_PER_HELLO)?;
         }
-        Message::Heartbeat(hb) => capacity("heartbeat", &hb.capacity)?,
+        Message::Heartbeat(hb) => {
+            capacity("heartbeat", &hb.capacity)?;
+            runs(
+                "heartbeat.reservations",
+                &hb.reservations,
+                MAX_RUNS_PER_HELLO,
+            )?;
+        }
+        Message::Stopped(s) => bound(|| "stopped.run_id".into(), s.run_id.len(), MAX_ID_BYTES)?,
         Message::Admit(a) => {
             bound(|| "admit.run_id".into(), a.run_id.len(), MAX_ID_BYTES)?;
             bound(|| "admit.reason".into(), a.reason.len(), MAX_TEXT_BYTES)?;

@@ -1100,6 +1100,9 @@ impl Dispatch {
             }
             Message::Report(report) => self.on_report(spoke, report),
             Message::Log(chunk) => self.on_log_chunk(spoke, session, chunk),
+            Message::Stopped(stopped) => {
+                tracing::debug!(spoke, run = %stopped.run_id, generation = stopped.generation, "run stopped");
+            }
         }
     }
 

@@ -518,6 +518,7 @@ async fn a_report_left_on_a_replaced_session_does_not_set_the_status_back() {
             capacity: capacity.clone(),
             runs,
             version: "test".into(),
+            fence_after_ms: 60_000,
         }))
     };
     let report = |run_id: &str, seq: u64, status: &str| {
@@ -574,6 +575,7 @@ async fn a_report_left_on_a_replaced_session_does_not_set_the_status_back() {
         run_id: run.clone(),
         generation: 1,
         finished: false,
+        ..Default::default()
     }]))
     .unwrap();
     tx2.send(report(&run, 1, running)).unwrap();

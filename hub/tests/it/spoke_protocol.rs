@@ -55,6 +55,7 @@ fn hello(name: &str, runs: Vec<pb::RunRef>) -> pb::Hello {
             .collect(),
         runs,
         version: "test".into(),
+        fence_after_ms: 60_000,
     }
 }
 
@@ -337,12 +338,14 @@ impl Fixture {
                         run_id: self.run_id(*r),
                         generation: 1,
                         finished: r % 2 == 0,
+                        ..Default::default()
                     })
                     .collect();
                 self.a = connect(&dispatch, "a", runs);
                 return;
             }
             Step::Heartbeat { resources } => Message::Heartbeat(pb::Heartbeat {
+                reservations: Vec::new(),
                 capacity: resources
                     .iter()
                     .map(|r| pb::Capacity {

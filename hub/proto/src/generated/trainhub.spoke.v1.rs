@@ -2,7 +2,7 @@
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct SpokeMessage {
-    #[prost(oneof = "spoke_message::Message", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "spoke_message::Message", tags = "1, 2, 3, 4, 5, 6")]
     pub message: ::core::option::Option<spoke_message::Message>,
 }
 /// Nested message and enum types in `SpokeMessage`.
@@ -20,6 +20,8 @@ pub mod spoke_message {
         Report(super::RunReport),
         #[prost(message, tag = "5")]
         Log(super::LogChunk),
+        #[prost(message, tag = "6")]
+        Stopped(super::Stopped),
     }
 }
 /// First message on every (re)connect.
@@ -44,6 +46,12 @@ pub struct Hello {
     /// The agent's version, for the logs.
     #[prost(string, tag = "5")]
     pub version: ::prost::alloc::string::String,
+    /// The spoke stops its runs (fences itself) when it has heard nothing from
+    /// the hub for this long. The hub refuses a session whose fence_after is
+    /// not strictly shorter than its worker-lost timeout (0: no fencing,
+    /// refused too), so a run is stopped before the hub may place it again.
+    #[prost(int64, tag = "6")]
+    pub fence_after_ms: i64,
 }
 /// Capacity of one resource, in milli-units (`cpu` 2 = 2000, `memory` 1Gi =
 /// 1073741824000, `nvidia.com/gpu` 8 = 8000).
@@ -62,6 +70,11 @@ pub struct Capacity {
 pub struct Heartbeat {
     #[prost(message, repeated, tag = "1")]
     pub capacity: ::prost::alloc::vec::Vec<Capacity>,
+    /// Every reservation the spoke holds (admitted offers neither started nor
+    /// withdrawn). The hub withdraws those it no longer offers, and forgets
+    /// admissions the spoke no longer holds, so capacity cannot leak.
+    #[prost(message, repeated, tag = "2")]
+    pub reservations: ::prost::alloc::vec::Vec<RunRef>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -73,6 +86,14 @@ pub struct RunRef {
     /// Whether the run has finished (succeeded or failed for good).
     #[prost(bool, tag = "3")]
     pub finished: bool,
+    /// The spoke stopped the run without being asked: it fenced itself, or it
+    /// restarted and killed the processes it found. The run is over (not
+    /// finished); the hub places the TrainJob again under a new generation.
+    #[prost(bool, tag = "4")]
+    pub lost: bool,
+    /// Why, when lost (`Fenced`, `SpokeRestarted`).
+    #[prost(string, tag = "5")]
+    pub reason: ::prost::alloc::string::String,
 }
 /// The answer to an Offer.
 #[allow(clippy::all)]
@@ -116,6 +137,17 @@ pub struct RunReport {
     #[prost(string, repeated, tag = "7")]
     pub events_json: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
+/// A Stop was carried out: every run of `run_id` up to `generation` is gone
+/// from the spoke (its processes or JobSet deleted, its capacity released).
+/// Sent for every Stop, also when the spoke held no such run.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Stopped {
+    #[prost(string, tag = "1")]
+    pub run_id: ::prost::alloc::string::String,
+    #[prost(int64, tag = "2")]
+    pub generation: i64,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct LogChunk {
@@ -133,7 +165,7 @@ pub struct LogChunk {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HubMessage {
-    #[prost(oneof = "hub_message::Message", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "hub_message::Message", tags = "1, 2, 3, 4, 5, 6")]
     pub message: ::core::option::Option<hub_message::Message>,
 }
 /// Nested message and enum types in `HubMessage`.
@@ -151,7 +183,19 @@ pub mod hub_message {
         Stop(super::Stop),
         #[prost(message, tag = "5")]
         LogRequest(super::LogRequest),
+        #[prost(message, tag = "6")]
+        HeartbeatAck(super::HeartbeatAck),
     }
+}
+/// The hub's answer to every Heartbeat: the spoke's proof that the hub still
+/// hears it. A spoke that receives nothing from the hub for its
+/// fence_after stops its runs.
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct HeartbeatAck {
+    /// The hub's worker-lost timeout, for the spoke's logs and checks.
+    #[prost(int64, tag = "1")]
+    pub worker_lost_timeout_ms: i64,
 }
 /// A request to reserve room for a gang. The spoke answers with AdmitAnswer;
 /// an admitted offer holds its reservation until Start or Withdraw.

@@ -192,6 +192,7 @@ impl RawSpoke {
             capacity,
             runs: Vec::new(),
             version: "test".into(),
+            fence_after_ms: 60_000,
         })))
         .unwrap();
         let mut client = connect(ca, name, port).await;
