@@ -6,7 +6,8 @@
 //!
 //! ```yaml
 //! settings: {team: ml-platform}   # any JSON/YAML value, validated by the plugin at load
-//! timeoutMillis: 1000             # per-call deadline (default 1000)
+//! cpuMillis: 1000                 # per-call CPU time budget (default 1000; alias timeoutMillis)
+//! wallClockMillis: 30000          # per-call wall-clock last resort, retried when hit (default 30000)
 //! memoryMiB: 64                   # per-call memory cap (default 64)
 //! ```
 //!
@@ -63,7 +64,9 @@ impl Snapshot {
 struct Sidecar {
     #[serde(default)]
     settings: Option<serde_json::Value>,
-    timeout_millis: Option<u64>,
+    #[serde(alias = "timeoutMillis")]
+    cpu_millis: Option<u64>,
+    wall_clock_millis: Option<u64>,
     #[serde(rename = "memoryMiB")]
     memory_mib: Option<u64>,
 }
@@ -244,10 +247,14 @@ impl Registry {
         let bytes = std::fs::read(wasm).map_err(|e| format!("reading {}: {e}", wasm.display()))?;
         let defaults = Limits::default();
         let limits = Limits {
-            deadline: sidecar
-                .timeout_millis
+            cpu: sidecar
+                .cpu_millis
                 .map(Duration::from_millis)
-                .unwrap_or(defaults.deadline),
+                .unwrap_or(defaults.cpu),
+            wall: sidecar
+                .wall_clock_millis
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.wall),
             memory: sidecar
                 .memory_mib
                 .and_then(|m| usize::try_from(m << 20).ok())
@@ -318,7 +325,7 @@ fn read_sidecar(path: &Path) -> Result<Sidecar, String> {
     };
     parsed.map_err(|e| {
         format!(
-            "{}: {e} (expected keys: settings, timeoutMillis, memoryMiB)",
+            "{}: {e} (expected keys: settings, cpuMillis, wallClockMillis, memoryMiB)",
             path.display()
         )
     })

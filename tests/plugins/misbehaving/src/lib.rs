@@ -1,6 +1,7 @@
 //! A plugin that misbehaves on purpose, to test the host's sandbox. Its
 //! `mode` setting picks the fault every phase commits: `loop`, `oom`,
-//! `trap`, `garbage`, or `ok` (behave).
+//! `trap`, `garbage`, `busy` (compute for `iterations` rounds, default
+//! 100 million, then behave), or `ok` (behave).
 
 use trainhub_plugin_sdk::prelude::*;
 
@@ -31,6 +32,17 @@ fn misbehave(ctx: &Ctx) {
             }
         }
         "trap" => panic!("misbehaving plugin panics on purpose"),
+        "busy" => {
+            let rounds = ctx
+                .settings()
+                .get("iterations")
+                .and_then(Value::as_u64)
+                .unwrap_or(100_000_000);
+            let mut n: u64 = 0;
+            for _ in 0..rounds {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
         _ => {}
     }
 }
@@ -46,11 +58,11 @@ impl Plugin for Misbehaving {
 
     fn validate_settings(&self, settings: &Value) -> Vec<FieldError> {
         match settings.get("mode").and_then(Value::as_str) {
-            None | Some("ok" | "loop" | "oom" | "trap" | "garbage") => Vec::new(),
+            None | Some("ok" | "loop" | "oom" | "trap" | "garbage" | "busy") => Vec::new(),
             Some(other) => vec![FieldError::not_supported(
                 "settings.mode",
                 Some(other.to_string()),
-                "supported values: ok, loop, oom, trap, garbage",
+                "supported values: ok, loop, oom, trap, garbage, busy",
             )],
         }
     }
