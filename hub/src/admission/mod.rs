@@ -16,7 +16,8 @@
 //!
 //! Failures are 422 Invalid with one cause per field, as kube-apiserver
 //! answers. A plugin that fails (rather than rejects) answers 500, as a
-//! webhook with `failurePolicy: Fail` does. Writes through the `status`
+//! webhook with `failurePolicy: Fail` does; a plugin call the host could
+//! not run now (overloaded) answers 429 with Retry-After. Writes through the `status`
 //! subresource are checked against the status schema only.
 
 #![allow(
@@ -334,6 +335,9 @@ impl TrainerAdmission {
         }
         let snapshot = self.plugins.snapshot();
         let plugin_failure = |e: PipelineError| {
+            if e.is_transient() {
+                return overloaded(request.name, &e);
+            }
             ApiError::internal(format!(
                 "validating TrainJob {:?} with the runtime's plugins: {e}",
                 request.name
@@ -440,6 +444,23 @@ impl TrainerAdmission {
         }
         Ok(outcome)
     }
+}
+
+/// A PreExecution call the plugin host could not run now: 429 with
+/// Retry-After, as kube-apiserver answers when it is overloaded (clients
+/// such as client-go and kubectl retry it), not 422 (the TrainJob is not
+/// invalid) nor 500 (nothing failed).
+fn overloaded(name: &str, e: &PipelineError) -> ApiError {
+    let mut error = ApiError::new(
+        429,
+        "TooManyRequests",
+        format!(
+            "Too many requests, please try again later: validating TrainJob {name:?} with the \
+             runtime's plugins: {e}"
+        ),
+    );
+    error.retry_after_seconds = Some(1);
+    error
 }
 
 /// On a TrainJob: the W3C `traceparent` of its admission span, the parent

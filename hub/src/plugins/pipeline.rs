@@ -181,6 +181,14 @@ pub enum PipelineError {
     Serialize { what: &'static str, reason: String },
 }
 
+impl PipelineError {
+    /// Whether a plugin call could not run now (the host is overloaded):
+    /// the caller retries later instead of failing the TrainJob.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PipelineError::Plugin(e) if e.is_transient())
+    }
+}
+
 /// What the Build phase produced for one target.
 #[derive(Debug, Clone)]
 pub struct Rendered {

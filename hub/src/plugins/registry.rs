@@ -176,9 +176,14 @@ impl Registry {
                     );
                     changed = true;
                 }
-                Err(e) => {
+                Err((e, transient)) => {
                     tracing::warn!(file = %wasm.display(), error = %e, "plugin not loaded");
-                    files.failed.insert(wasm.clone(), (fingerprint, e.clone()));
+                    // A load the host could not run now is retried at the
+                    // next scan; any other failure waits for the file to
+                    // change.
+                    if !transient {
+                        files.failed.insert(wasm.clone(), (fingerprint, e.clone()));
+                    }
                     problems.push((wasm, e));
                 }
             }
@@ -239,12 +244,13 @@ impl Registry {
         &self,
         wasm: &Path,
         fingerprint: &Fingerprint,
-    ) -> Result<Arc<dyn PhasePlugin>, String> {
+    ) -> Result<Arc<dyn PhasePlugin>, (String, bool)> {
         let sidecar = match &fingerprint.sidecar {
-            Some((path, _, _)) => read_sidecar(path)?,
+            Some((path, _, _)) => read_sidecar(path).map_err(|e| (e, false))?,
             None => Sidecar::default(),
         };
-        let bytes = std::fs::read(wasm).map_err(|e| format!("reading {}: {e}", wasm.display()))?;
+        let bytes =
+            std::fs::read(wasm).map_err(|e| (format!("reading {}: {e}", wasm.display()), false))?;
         let defaults = Limits::default();
         let limits = Limits {
             cpu: sidecar
@@ -270,7 +276,7 @@ impl Registry {
         self.host
             .load(&source, &bytes, &settings, limits)
             .map(|p| p as Arc<dyn PhasePlugin>)
-            .map_err(|e: PluginError| e.to_string())
+            .map_err(|e: PluginError| (e.to_string(), e.is_transient()))
     }
 }
 

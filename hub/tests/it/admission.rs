@@ -859,3 +859,62 @@ async fn the_priority_annotation_is_for_admins_only() {
     );
     admit(&["team-a"], Operation::Create, &plain, None).unwrap();
 }
+
+/// A PreExecution call the plugin host could not run now (here: still
+/// running at its wall-clock bound, the host's last resort) answers 429
+/// with Retry-After, as kube-apiserver answers when overloaded; the same
+/// plugin failing by its own fault (its CPU budget) answers 500.
+#[tokio::test]
+async fn an_overloaded_plugin_host_answers_429_with_retry_after() {
+    use trainhub::plugins::Limits;
+    let plugin = |limits: Limits| {
+        host()
+            .load(
+                "misbehaving.wasm",
+                &crate::common::wasm("trainhub_test_plugin_misbehaving"),
+                &json!({ "mode": "loop", "phases": ["validate"] }),
+                limits,
+            )
+            .expect("the misbehaving plugin loads")
+    };
+    let mut runtime = torch_runtime();
+    runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] = json!("misbehaving");
+    let trainjob = job(
+        "deferred",
+        json!({"runtimeRef": {"name": "torch-distributed"}}),
+    );
+    for (limits, code) in [
+        (
+            Limits {
+                cpu: Duration::from_secs(60),
+                wall: Duration::from_millis(200),
+                ..Limits::default()
+            },
+            429,
+        ),
+        (
+            Limits {
+                cpu: Duration::from_millis(200),
+                ..Limits::default()
+            },
+            500,
+        ),
+    ] {
+        let snapshot = Snapshot::new(vec![
+            plugin(limits) as Arc<dyn trainhub::plugins::pipeline::PhasePlugin>
+        ]);
+        let hub = Hub::with_plugins(Arc::new(FixedPlugins(Arc::new(snapshot))));
+        hub.apply(&runtime).await;
+        let e = hub.create(&trainjob).unwrap_err();
+        assert_eq!(e.code, code, "{}", e.message);
+        assert!(e.message.contains("misbehaving"), "{}", e.message);
+        if code == 429 {
+            assert_eq!(e.reason, "TooManyRequests");
+            assert_eq!(e.retry_after_seconds, Some(1));
+            assert!(e.message.contains("deferred"), "{}", e.message);
+        } else {
+            assert!(e.message.contains("CPU budget"), "{}", e.message);
+            assert_eq!(e.retry_after_seconds, None);
+        }
+    }
+}

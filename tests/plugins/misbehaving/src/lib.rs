@@ -1,7 +1,9 @@
 //! A plugin that misbehaves on purpose, to test the host's sandbox. Its
 //! `mode` setting picks the fault every phase commits: `loop`, `oom`,
 //! `trap`, `garbage`, `busy` (compute for `iterations` rounds, default
-//! 100 million, then behave), or `ok` (behave).
+//! 100 million, then behave), or `ok` (behave). Its `phases` setting (a
+//! list of `validate`, `enforce-ml-policy`, `build`) limits the fault to
+//! those phases; the others behave.
 
 use trainhub_plugin_sdk::prelude::*;
 
@@ -16,8 +18,20 @@ fn mode(ctx: &Ctx) -> String {
         .to_string()
 }
 
-/// Commits the configured fault; returns only in modes `ok` and `garbage`.
-fn misbehave(ctx: &Ctx) {
+/// Whether the fault applies to `phase`.
+fn in_phase(ctx: &Ctx, phase: &str) -> bool {
+    match ctx.settings().get("phases").and_then(Value::as_array) {
+        None => true,
+        Some(phases) => phases.iter().any(|p| p.as_str() == Some(phase)),
+    }
+}
+
+/// Commits the configured fault in `phase`; returns only in modes `ok`,
+/// `busy` and `garbage`, or outside the configured phases.
+fn misbehave(ctx: &Ctx, phase: &str) {
+    if !in_phase(ctx, phase) {
+        return;
+    }
     match mode(ctx).as_str() {
         "loop" => {
             let mut n: u64 = 0;
@@ -68,7 +82,7 @@ impl Plugin for Misbehaving {
     }
 
     fn validate(&self, ctx: &Ctx, _: &TrainJob, _: &Runtime) -> Validation {
-        misbehave(ctx);
+        misbehave(ctx, "validate");
         Validation::default()
     }
 
@@ -78,7 +92,7 @@ impl Plugin for Misbehaving {
         _: &mut RuntimeInfo,
         _: &TrainJob,
     ) -> Result<(), Failure> {
-        misbehave(ctx);
+        misbehave(ctx, "enforce-ml-policy");
         Ok(())
     }
 
@@ -89,8 +103,8 @@ impl Plugin for Misbehaving {
         _: &TrainJob,
         _: &Target,
     ) -> Result<Vec<Value>, Failure> {
-        misbehave(ctx);
-        if mode(ctx) == "garbage" {
+        misbehave(ctx, "build");
+        if mode(ctx) == "garbage" && in_phase(ctx, "build") {
             return Ok(vec![json!("this is not a Kubernetes object")]);
         }
         Ok(Vec::new())

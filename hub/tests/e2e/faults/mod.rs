@@ -1,0 +1,3 @@
+//! Fault tests (issue 18): each area in its own module.
+
+mod plugins;
