@@ -527,6 +527,9 @@ impl Dispatch {
             EventType::Deleted => {
                 if let Some(uid) = event.object.value["metadata"]["uid"].as_str() {
                     self.observe.forget(uid);
+                    self.write(vec![Op::Remove {
+                        key: crate::admission::snapshot_key(&key.namespace, uid),
+                    }]);
                 }
                 let actions = lock(&self.state).remove_job(&key);
                 self.execute(actions);
@@ -671,9 +674,32 @@ impl Dispatch {
                 job
             }
         };
-        let runtime = self.admission.runtime_of(&job)?;
-        let pipeline =
-            Pipeline::select(&self.plugins.snapshot(), &runtime).map_err(|e| e.to_string())?;
+        // The runtime and plugins it was admitted with (see
+        // `TrainerAdmission::pinned`); one without a snapshot gets one now.
+        let pinned = self.admission.pinned(&job)?;
+        let runtime = pinned.runtime.clone();
+        let pipeline = match &pinned.plugins {
+            Some(ids) => Pipeline::select(&self.plugins.pinned(ids)?, &runtime),
+            None => Pipeline::select(&self.plugins.snapshot(), &runtime),
+        }
+        .map_err(|e| e.to_string())?;
+        if pinned.plugins.is_none()
+            && let (Some(namespace), Some(name), Some(uid)) = (
+                job.metadata.namespace.as_deref(),
+                job.metadata.name.as_deref(),
+                job.metadata.uid.as_deref(),
+            )
+        {
+            let op = crate::admission::snapshot_op(
+                namespace,
+                name,
+                uid,
+                &runtime,
+                None,
+                &pipeline.plugin_ids(),
+            )?;
+            self.write(vec![op]);
+        }
         Ok((job, runtime, pipeline))
     }
 

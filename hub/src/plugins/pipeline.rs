@@ -284,6 +284,11 @@ impl Pipeline {
             .chain(self.pod_group.iter())
     }
 
+    /// The plugins that apply (names and digests), in phase order.
+    pub fn plugin_ids(&self) -> Vec<PluginId> {
+        self.applicable().map(|p| p.id().clone()).collect()
+    }
+
     /// Names of the plugins that apply, in phase order.
     pub fn plugin_names(&self) -> Vec<String> {
         self.applicable().map(|p| p.id().name.clone()).collect()

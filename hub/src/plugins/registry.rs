@@ -89,6 +89,10 @@ pub struct Registry {
     dir: Option<PathBuf>,
     current: RwLock<Arc<Snapshot>>,
     files: Mutex<Files>,
+    /// Every plugin version loaded since start, by digest: a TrainJob keeps
+    /// the plugins it was admitted with (its runtime snapshot) after the
+    /// directory replaced or removed them.
+    retained: Mutex<HashMap<String, Arc<dyn PhasePlugin>>>,
 }
 
 /// What the last scans found, by path.
@@ -108,8 +112,14 @@ impl Registry {
             host,
             builtins: builtins.clone(),
             dir,
-            current: RwLock::new(Arc::new(Snapshot::new(builtins))),
+            current: RwLock::new(Arc::new(Snapshot::new(builtins.clone()))),
             files: Mutex::new(Files::default()),
+            retained: Mutex::new(
+                builtins
+                    .into_iter()
+                    .map(|p| (p.id().digest.clone(), p))
+                    .collect(),
+            ),
         };
         registry.rescan();
         registry
@@ -122,6 +132,34 @@ impl Registry {
             Ok(s) => s.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// Exactly the plugins `ids` names (by digest), loaded now or earlier
+    /// since the hub started: what a TrainJob's runtime snapshot pins.
+    ///
+    /// # Errors
+    ///
+    /// Names the first plugin not loaded since the hub started (its file
+    /// was replaced or removed before a restart): the TrainJob cannot be
+    /// built or have its status mapped as admitted.
+    pub fn pinned(&self, ids: &[super::PluginId]) -> Result<Snapshot, String> {
+        let retained = lock(&self.retained);
+        ids.iter()
+            .map(|id| {
+                retained
+                    .get(&id.digest)
+                    .filter(|p| p.id().name == id.name)
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!(
+                            "{id}, which the TrainJob was admitted with, is no longer loaded \
+                             (its file was replaced or removed before the hub restarted); \
+                             restore it in the plugins directory or recreate the TrainJob"
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Snapshot::new)
     }
 
     pub fn host(&self) -> &Arc<Host> {
@@ -166,6 +204,7 @@ impl Registry {
             match self.load_file(&wasm, &fingerprint) {
                 Ok(plugin) => {
                     tracing::info!(file = %wasm.display(), plugin = %plugin.id(), "plugin loaded");
+                    lock(&self.retained).insert(plugin.id().digest.clone(), plugin.clone());
                     files.failed.remove(&wasm);
                     files.loaded.insert(
                         wasm,
@@ -278,6 +317,10 @@ impl Registry {
             .map(|p| p as Arc<dyn PhasePlugin>)
             .map_err(|e: PluginError| (e.to_string(), e.is_transient()))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn list_components(dir: &Path, problems: &mut Vec<(PathBuf, String)>) -> Vec<PathBuf> {
