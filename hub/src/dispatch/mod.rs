@@ -180,7 +180,19 @@ impl From<crate::plugins::PipelineError> for StepError {
     }
 }
 
-/// A TrainJob's plugin calls deferred in a row (their backoff), and
+/// The pipeline steps dispatch runs for a TrainJob, each deferred (and
+/// retried) on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Step {
+    /// The ML and pod-group policies (the TrainJob's demand).
+    Enforce,
+    /// The objects for the winning spoke.
+    Build,
+    /// PostExecution: the TrainJob status from the JobSet status.
+    Status,
+}
+
+/// A TrainJob's plugin calls of one step deferred in a row (their backoff), and
 /// whether a retry is already scheduled (one at a time: a deferral writes
 /// the TrainJob's status, whose watch event must not schedule another).
 #[derive(Debug, Default)]
@@ -264,8 +276,8 @@ pub struct Dispatch {
     statuses: Mutex<HashMap<String, u64>>,
     /// Typed TrainJobs by (uid, generation, hash of labels and annotations).
     typed: moka::sync::Cache<(String, i64, u64), Arc<TrainJob>>,
-    /// Deferred plugin calls per TrainJob uid.
-    deferred: Mutex<HashMap<String, Deferral>>,
+    /// Deferred plugin calls per TrainJob uid and step.
+    deferred: Mutex<HashMap<(String, Step), Deferral>>,
     writer: mpsc::UnboundedSender<Write>,
     writer_rx: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
     epoch: Instant,
@@ -478,7 +490,11 @@ impl Dispatch {
                 ))
             })
             .collect();
+        // Listed before the TrainJobs: a snapshot is committed with its
+        // TrainJob, so one whose TrainJob is not listed after is an orphan.
+        let (snapshots, _) = self.store.list(crate::admission::RUNTIME_SNAPSHOTS, None);
         let (objects, rv) = self.store.list(TRAINJOBS, None);
+        self.sweep_snapshots(&snapshots, &objects);
         let mut watch = match self.store.watch(TRAINJOBS, None, Some(rv)) {
             Ok(w) => w,
             Err(e) => {
@@ -608,7 +624,7 @@ impl Dispatch {
                 Some(d) => d.pod_sets.clone(),
                 None => match self.compute_demand(object) {
                     Ok(d) => {
-                        self.undefer(namespace, name, &uid);
+                        self.undefer(namespace, name, &uid, Step::Enforce);
                         let pod_sets = d.pod_sets.clone();
                         self.demand.insert(cache_key, Arc::new(d));
                         pod_sets
@@ -617,19 +633,37 @@ impl Dispatch {
                         let key = Key::new(TRAINJOBS, Some(namespace), name);
                         let (ns, n) = (namespace.to_string(), name.to_string());
                         let retry_uid = uid.clone();
-                        self.defer(namespace, name, &uid, &e.message, move |this| {
-                            // Placements are committed before they are acted
-                            // on, so the stored one is the TrainJob's own.
-                            let Some(object) = this.store.get(&key) else {
-                                return;
-                            };
-                            if object.value["metadata"]["uid"].as_str() != Some(&retry_uid) {
-                                return;
-                            }
-                            let placement = this.stored_placement(&ns, &n, &retry_uid);
-                            this.upsert(&object.value, placement);
-                        });
-                        return None;
+                        self.defer(
+                            namespace,
+                            name,
+                            &uid,
+                            Step::Enforce,
+                            &e.message,
+                            move |this| {
+                                // Placements are committed before they are acted
+                                // on, so the stored one is the TrainJob's own.
+                                let Some(object) = this.store.get(&key) else {
+                                    return;
+                                };
+                                if object.value["metadata"]["uid"].as_str() != Some(&retry_uid) {
+                                    return;
+                                }
+                                let placement = this.stored_placement(&ns, &n, &retry_uid);
+                                this.upsert(&object.value, placement);
+                            },
+                        );
+                        // Placed on a spoke (say, after a hub restart): it
+                        // stays known as placed meanwhile, so its run is not
+                        // stopped as a stranger's; the retry fills its
+                        // demand in.
+                        if self
+                            .stored_placement(namespace, name, &uid)
+                            .is_some_and(|p| p.spoke.is_some())
+                        {
+                            Vec::new()
+                        } else {
+                            return None;
+                        }
                     }
                     Err(e) => {
                         self.fail(namespace, name, REASON_BUILD_FAILED, &e.message);
@@ -734,6 +768,27 @@ impl Dispatch {
         Ok(Demand { pod_sets, info })
     }
 
+    /// Removes the runtime snapshots of TrainJobs that are gone (deleted
+    /// while the hub was down). Idempotent.
+    fn sweep_snapshots(
+        &self,
+        snapshots: &[trainhub_apiserver::store::Object],
+        trainjobs: &[trainhub_apiserver::store::Object],
+    ) {
+        let uids: std::collections::HashSet<&str> = trainjobs
+            .iter()
+            .filter_map(|o| o.value["metadata"]["uid"].as_str())
+            .collect();
+        let gone: Vec<Op> = snapshots
+            .iter()
+            .filter(|s| !uids.contains(s.key.name.as_str()))
+            .map(|s| Op::Remove { key: s.key.clone() })
+            .collect();
+        if !gone.is_empty() {
+            self.write(gone);
+        }
+    }
+
     /// The placement stored for a TrainJob, if it is this uid's.
     fn stored_placement(&self, namespace: &str, name: &str, uid: &str) -> Option<Placement> {
         let stored = self
@@ -757,13 +812,14 @@ impl Dispatch {
         namespace: &str,
         name: &str,
         uid: &str,
+        step: Step,
         message: &str,
         retry: impl FnOnce(Arc<Dispatch>) + Send + 'static,
     ) {
         let Some(this) = self.self_arc() else { return };
         let attempt = {
             let mut deferred = lock(&self.deferred);
-            let d = deferred.entry(uid.to_string()).or_default();
+            let d = deferred.entry((uid.to_string(), step)).or_default();
             if d.pending {
                 return;
             }
@@ -801,7 +857,7 @@ impl Dispatch {
             })
             .await;
             tokio::time::sleep(backoff).await;
-            match lock(&this.deferred).get_mut(&uid) {
+            match lock(&this.deferred).get_mut(&(uid, step)) {
                 Some(d) => d.pending = false,
                 // A call succeeded meanwhile: nothing to retry.
                 None => return,
@@ -810,11 +866,17 @@ impl Dispatch {
         });
     }
 
-    /// A plugin call for this TrainJob succeeded: if calls were deferred,
-    /// the backoff restarts and the `PluginsDeferred` condition goes.
-    fn undefer(&self, namespace: &str, name: &str, uid: &str) {
-        if lock(&self.deferred).remove(uid).is_none() {
-            return;
+    /// A plugin call of `step` for this TrainJob succeeded: if that step
+    /// was deferred its backoff restarts, and once no step is, the
+    /// `PluginsDeferred` condition goes.
+    fn undefer(&self, namespace: &str, name: &str, uid: &str, step: Step) {
+        {
+            let mut deferred = lock(&self.deferred);
+            if deferred.remove(&(uid.to_string(), step)).is_none()
+                || deferred.keys().any(|(u, _)| u == uid)
+            {
+                return;
+            }
         }
         let key = Key::new(TRAINJOBS, Some(namespace), name);
         let store = self.store.clone();
@@ -1120,7 +1182,7 @@ impl Dispatch {
                 .unwrap_or_default()
                 .to_string();
             if built.is_ok() {
-                this.undefer(&job.namespace, &job.name, &uid);
+                this.undefer(&job.namespace, &job.name, &uid, Step::Build);
             }
             match built {
                 Ok(rendered) => {
@@ -1144,16 +1206,24 @@ impl Dispatch {
                 Err(e) if e.transient => {
                     let (namespace, name) = (job.namespace.clone(), job.name.clone());
                     let retry_uid = uid.clone();
-                    this.defer(&namespace, &name, &uid, &e.message, move |this| {
-                        // Only while this run is still the placement the
-                        // store holds: never a Start for a superseded run.
-                        let current = this.stored_placement(&job.namespace, &job.name, &retry_uid);
-                        if current.is_some_and(|p| {
-                            p.generation == generation && p.spoke.as_deref() == Some(&spoke)
-                        }) {
-                            this.start(spoke, job, run_id, generation);
-                        }
-                    });
+                    this.defer(
+                        &namespace,
+                        &name,
+                        &uid,
+                        Step::Build,
+                        &e.message,
+                        move |this| {
+                            // Only while this run is still the placement the
+                            // store holds: never a Start for a superseded run.
+                            let current =
+                                this.stored_placement(&job.namespace, &job.name, &retry_uid);
+                            if current.is_some_and(|p| {
+                                p.generation == generation && p.spoke.as_deref() == Some(&spoke)
+                            }) {
+                                this.start(spoke, job, run_id, generation);
+                            }
+                        },
+                    );
                 }
                 Err(e) => this.fail(&job.namespace, &job.name, REASON_BUILD_FAILED, &e.message),
             }
@@ -1669,7 +1739,7 @@ impl Dispatch {
         let span = self.observe.status(uid);
         let mapped = match span.in_scope(|| pipeline.status(&job, &observed)) {
             Ok(mapped) => {
-                self.undefer(&key.namespace, &key.name, uid);
+                self.undefer(&key.namespace, &key.name, uid, Step::Status);
                 mapped
             }
             Err(e) if e.is_transient() => {
@@ -1683,6 +1753,7 @@ impl Dispatch {
                     &key.namespace,
                     &key.name,
                     uid,
+                    Step::Status,
                     &e.to_string(),
                     move |this| {
                         let latest = lock(&this.statuses).get(&run_id) == Some(&hash);
