@@ -573,6 +573,13 @@ impl Dispatch {
         let name = meta["name"].as_str()?;
         let uid = meta["uid"].as_str()?.to_string();
         let status = &object["status"];
+        // A deferral's condition written after the call already succeeded
+        // (their writes race) is removed when its own write comes back.
+        if is_true(status, CONDITION_PLUGINS_DEFERRED)
+            && !lock(&self.deferred).keys().any(|(u, _)| *u == uid)
+        {
+            self.clear_deferred_condition(namespace, name, &uid);
+        }
         let managed_elsewhere = object["spec"]["managedBy"]
             .as_str()
             .is_some_and(|m| m != trainhub_api::constants::MANAGED_BY_TRAINJOB_CONTROLLER);
@@ -621,7 +628,12 @@ impl Dispatch {
             let generation = meta["generation"].as_i64().unwrap_or(0);
             let cache_key = (uid.clone(), generation);
             match self.demand.get(&cache_key) {
-                Some(d) => d.pod_sets.clone(),
+                Some(d) => {
+                    // Computed meanwhile (say, by a call that started after
+                    // one that was deferred): that step is done.
+                    self.undefer(namespace, name, &uid, Step::Enforce);
+                    d.pod_sets.clone()
+                }
                 None => match self.compute_demand(object) {
                     Ok(d) => {
                         self.undefer(namespace, name, &uid, Step::Enforce);
@@ -878,10 +890,20 @@ impl Dispatch {
                 return;
             }
         }
+        self.clear_deferred_condition(namespace, name, uid);
+    }
+
+    /// Removes the `PluginsDeferred` condition, unless a step of the
+    /// TrainJob is deferred again by the time it is written.
+    fn clear_deferred_condition(&self, namespace: &str, name: &str, uid: &str) {
+        let Some(this) = self.self_arc() else { return };
         let key = Key::new(TRAINJOBS, Some(namespace), name);
-        let store = self.store.clone();
+        let uid = uid.to_string();
         tokio::spawn(async move {
-            update_status(store.as_ref(), &key, |status| {
+            update_status(this.store.as_ref(), &key, |status| {
+                if lock(&this.deferred).keys().any(|(u, _)| *u == uid) {
+                    return false;
+                }
                 let Some(conditions) = status["conditions"].as_array_mut() else {
                     return false;
                 };
@@ -1744,8 +1766,9 @@ impl Dispatch {
             }
             Err(e) if e.is_transient() => {
                 let hash = hash_of(&jobset_status_json);
-                let (retry_key, run_id, json) = (
+                let (retry_key, retry_uid, run_id, json) = (
                     key.clone(),
+                    uid.to_string(),
                     run_id.to_string(),
                     jobset_status_json.to_string(),
                 );
@@ -1757,8 +1780,13 @@ impl Dispatch {
                     &e.to_string(),
                     move |this| {
                         let latest = lock(&this.statuses).get(&run_id) == Some(&hash);
-                        if latest && let Err(message) = this.map_status(&retry_key, &run_id, &json)
-                        {
+                        if !latest {
+                            // A newer status of the run came and was mapped.
+                            let (ns, name) = (&retry_key.namespace, &retry_key.name);
+                            this.undefer(ns, name, &retry_uid, Step::Status);
+                            return;
+                        }
+                        if let Err(message) = this.map_status(&retry_key, &run_id, &json) {
                             tracing::warn!(trainjob = %retry_key, message, "mapping the run's status");
                         }
                     },

@@ -188,7 +188,9 @@ async fn a_deferred_build_is_retried_and_its_condition_cleared() {
             r#"{.status.conditions[?(@.type=="PluginsDeferred")].status}"#
         ),
         "",
-        "the condition is cleared once the call succeeds"
+        "the condition is cleared once the call succeeds:\n{}\n{}",
+        hub.kubectl_ok(&["get", "trainjob", "deferred", "-o", "yaml"]),
+        log()
     );
     let events = hub.kubectl_ok(&[
         "get",
