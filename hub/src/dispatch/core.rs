@@ -270,6 +270,9 @@ struct Job {
     /// Finished on its spoke and released: nothing left to fence, so a
     /// deletion need not wait for the spoke.
     released: bool,
+    /// Committing: heartbeats of the admitting spoke since the admission
+    /// that did not list it.
+    missed_heartbeats: u8,
 }
 
 impl Job {
@@ -437,6 +440,7 @@ impl Dispatcher {
                     started_at: None,
                     suspended: false,
                     released: false,
+                    missed_heartbeats: 0,
                 })
             }
         };
@@ -695,10 +699,11 @@ impl Dispatcher {
     /// - one of a placement on this spoke whose Start went out at least
     ///   `retry_ms` ago gets the Start again (the Start was lost);
     /// - an admission by this spoke whose placement is being written (so no
-    ///   Start went out yet) that the spoke no longer holds is forgotten: the
-    ///   job is requeued under a new generation and nominated again. (The
-    ///   spoke lists a reservation on every heartbeat after its admission, so
-    ///   this is never a heartbeat older than the admission.)
+    ///   Start went out yet) that two heartbeats in a row do not list is
+    ///   forgotten: the job is requeued under a new generation and nominated
+    ///   again. (A spoke lists a reservation on every heartbeat after its
+    ///   admission; two, so that a spoke that does not list reservations at
+    ///   all does not lose an admission to a write that is merely slow.)
     ///
     /// Growing free capacity clears the spoke's refusals and offers queued
     /// jobs again. Safe to repeat: every answer is idempotent.
@@ -783,15 +788,17 @@ impl Dispatcher {
             .iter()
             .map(|(id, g)| (id.as_str(), *g))
             .collect();
-        let lost: Vec<JobKey> = self
-            .jobs
-            .values()
-            .filter(|j| {
-                matches!(&j.phase, Phase::Committing { spoke } if spoke == name)
-                    && !held.contains(&(j.info.uid.as_str(), j.generation))
-            })
-            .map(|j| j.info.key.clone())
-            .collect();
+        let mut lost = Vec::new();
+        for j in self.jobs.values_mut() {
+            if matches!(&j.phase, Phase::Committing { spoke } if spoke == name)
+                && !held.contains(&(j.info.uid.as_str(), j.generation))
+            {
+                j.missed_heartbeats = j.missed_heartbeats.saturating_add(1);
+                if j.missed_heartbeats >= 2 {
+                    lost.push(j.info.key.clone());
+                }
+            }
+        }
         for key in lost {
             actions.push(Action::Withdraw {
                 spoke: name.to_string(),
@@ -897,7 +904,9 @@ impl Dispatcher {
                 Vec::new()
             };
         };
-        if !current || !offers.contains_key(spoke) {
+        // Only a pending offer can win: an expired one was withdrawn.
+        let pending = matches!(offers.get(spoke), Some(OfferState::Pending { .. }));
+        if !current || !offers.contains_key(spoke) || (admitted && !pending) {
             return if admitted {
                 vec![withdraw()]
             } else {
@@ -922,6 +931,7 @@ impl Dispatcher {
         job.phase = Phase::Committing {
             spoke: spoke.to_string(),
         };
+        job.missed_heartbeats = 0;
         self.queue.remove(&queue_key);
         actions.push(Action::Commit {
             job: key,
@@ -1459,6 +1469,15 @@ mod tests {
             withdrawals(&d.tick(3000)),
             vec![("b".into(), "uid-j".into(), 1)]
         );
+        // b admits after its offer expired: it cannot win, it is withdrawn.
+        assert_eq!(
+            d.admit_answer("b", "uid-j", 1, true, 3050),
+            vec![Action::Withdraw {
+                spoke: "b".into(),
+                run_id: "uid-j".into(),
+                generation: 1
+            }]
+        );
         // A timely answer wins as usual.
         let actions = d.admit_answer("a", "uid-j", 1, true, 3100);
         assert!(actions.iter().any(|a| matches!(a, Action::Commit { .. })));
@@ -1551,7 +1570,9 @@ mod tests {
         connect(&mut d, "a", json!({}), 8000);
         d.upsert_job(job("j", 1000, 1), None, 0);
         d.admit_answer("a", "uid-j", 1, true, 10);
-        // The placement is being written; the spoke lists no reservation.
+        // The placement is being written; the spoke lists no reservation,
+        // twice in a row.
+        assert!(d.spoke_heartbeat("a", cpu(8000, 8000), &[], 15).is_empty());
         let actions = d.spoke_heartbeat("a", cpu(8000, 8000), &[], 20);
         assert!(actions.contains(&Action::Commit {
             job: key("j"),

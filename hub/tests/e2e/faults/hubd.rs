@@ -347,7 +347,17 @@ async fn after_a_hub_restart_a_placement_on_a_spoke_gone_for_good_is_requeued() 
 async fn dropped_withdraws_are_sent_again_from_heartbeats_and_the_capacity_comes_back() {
     let grpc = free_port();
     let port = grpc.to_string();
-    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let hub = DevHub::start_args(
+        &[
+            "--spokes",
+            "0",
+            "--grpc-port",
+            &port,
+            "--offer-timeout-seconds",
+            "3",
+        ],
+        |_| {},
+    );
     let ca = hub.ca();
     // r has room for one job; t for many (its free CPU never runs out).
     let mut r = RawSpoke::connect(&ca, "spoke-r", grpc, 1000, Vec::new(), 60_000).await;
@@ -381,6 +391,48 @@ async fn dropped_withdraws_are_sent_again_from_heartbeats_and_the_capacity_comes
     })
     .await;
     assert_eq!(spoke_cell(&hub, "first"), "spoke-t");
+
+    // Suspended: its run is stopped and it shows no spoke.
+    let suspend = |on: bool| {
+        hub.kubectl_ok(&[
+            "patch",
+            "trainjob",
+            "second",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"spec":{{"suspend":{on}}}}}"#),
+        ])
+    };
+    suspend(true);
+    let stop = r.stop(&second.run_id).await;
+    assert_eq!((stop.generation, stop.reason.as_str()), (1, "suspended"));
+    eventually(
+        "no SPOKE while suspended",
+        &hub,
+        Duration::from_secs(30),
+        || spoke_cell(&hub, "second").is_empty().then_some(()),
+    )
+    .await;
+    // Resumed: offered again under a new generation; r leaves the offer
+    // unanswered, and it expires.
+    suspend(false);
+    let again = r.offer("second").await;
+    assert_eq!(again.generation, 2);
+    let offered = Instant::now();
+    let expired = r.withdraw(&again.run_id).await;
+    assert_eq!(expired.generation, 2);
+    assert!(
+        offered.elapsed() >= Duration::from_secs(2),
+        "withdrawn before the offer timeout: {:?}",
+        offered.elapsed()
+    );
+    let described = hub.kubectl_ok(&["describe", "trainjob", "second"]);
+    for reason in ["Placed", "Suspended", "Resumed", "OfferExpired"] {
+        assert!(
+            described.contains(reason),
+            "describe lacks {reason}:\n{described}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
