@@ -430,9 +430,16 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
             tokio::spawn(task.instrument(apply));
         }
         Message::Stop(stop) => {
+            let tx = tx.clone();
             tokio::spawn(async move {
                 tracing::info!(run = %stop.run_id, generation = stop.generation, reason = %stop.reason, "stopping");
                 backend.stop(&stop.run_id, stop.generation).await;
+                let _ = tx.send(pb::SpokeMessage {
+                    message: Some(pb::spoke_message::Message::Stopped(pb::Stopped {
+                        run_id: stop.run_id,
+                        generation: stop.generation,
+                    })),
+                });
             });
         }
         Message::LogRequest(request) => {

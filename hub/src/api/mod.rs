@@ -39,10 +39,29 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
         let crd: Value = serde_saphyr::from_str(text).with_context(|| format!("parsing {file}"))?;
         defs.push(from_crd(&crd).with_context(|| format!("reading {file}"))?);
     }
+    if let Some(trainjobs) = defs.iter_mut().find(|d| d.store_key() == TRAINJOBS) {
+        trainjobs.printer_columns.push(spoke_column());
+    }
     defs.extend(core_resources());
     defs.push(trainhub_apiserver::namespace::resource_def());
     defs.extend(trainhub_apiserver::review::resource_defs());
     Ok(defs)
+}
+
+/// The SPOKE column of `kubectl get trainjobs`: where the TrainJob runs,
+/// from the annotation dispatch writes with its placement. It comes after
+/// upstream's own columns, which stay as upstream's CRD has them.
+fn spoke_column() -> PrinterColumn {
+    PrinterColumn {
+        name: "Spoke".into(),
+        type_: "string".into(),
+        json_path: format!(
+            ".metadata.annotations['{}']",
+            crate::dispatch::ANNOTATION_SPOKE
+        ),
+        description: "The spoke the TrainJob is placed on.".into(),
+        priority: 0,
+    }
 }
 
 /// A served resource from a CustomResourceDefinition (its first served
@@ -192,7 +211,13 @@ mod tests {
         assert_eq!(tj.version, "v1alpha1");
         assert_eq!(tj.kind, "TrainJob");
         assert!(tj.namespaced && tj.status_subresource);
-        assert_eq!(tj.printer_columns[0].name, "State");
+        let columns: Vec<&str> = tj.printer_columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(columns, ["State", "Age", "Spoke"]);
+        let placed = serde_json::json!({"metadata": {"annotations": {"trainhub.kubeflow.org/spoke": "gpu-1"}}});
+        assert_eq!(
+            trainhub_apiserver::table::jsonpath(&placed, &tj.printer_columns[2].json_path),
+            [Value::from("gpu-1")]
+        );
         assert_eq!(tj.store_key(), TRAINJOBS);
         let ctr = defs
             .iter()

@@ -12,7 +12,10 @@
 //! TrainJob annotations read here (documented in the README):
 //! `trainhub.kubeflow.org/priority` (an integer, higher first) and
 //! `trainhub.kubeflow.org/spoke-selector` (a label selector over spoke
-//! labels, e.g. `region=eu,gpu.product in (H100,A100)`).
+//! labels, e.g. `region=eu,gpu.product in (H100,A100)`). Written here, in
+//! the same store write as the placement: `trainhub.kubeflow.org/spoke`
+//! (the spoke running it; the SPOKE column) and the finalizer
+//! [`FINALIZER`].
 
 pub mod authority;
 pub mod core;
@@ -55,6 +58,10 @@ pub const ANNOTATION_SPOKE: &str = "trainhub.kubeflow.org/spoke";
 pub const ANNOTATION_RUN: &str = "trainhub.kubeflow.org/run";
 /// The Failed reason when the Build phase cannot produce the objects.
 pub const REASON_BUILD_FAILED: &str = "BuildFailed";
+/// The finalizer a TrainJob gets with its first placement: a deleted
+/// TrainJob stays (with `deletionTimestamp`) until its run is stopped on
+/// its spoke, the spoke is declared lost, or the deletion timeout passes.
+pub const FINALIZER: &str = "trainhub.kubeflow.org/run-cleanup";
 
 /// How dispatch behaves.
 #[derive(Debug, Clone, Copy)]
@@ -86,8 +93,17 @@ pub struct DispatchArgs {
     #[arg(long, default_value_t = 300)]
     pub incremental_round_seconds: u64,
     /// A spoke disconnected this long is given up and its TrainJobs requeued.
+    /// Also armed at start for every placement on a spoke not connected.
     #[arg(long, default_value_t = 900)]
     pub worker_lost_timeout_seconds: u64,
+    /// An offer a spoke has not answered this long is withdrawn and the
+    /// TrainJob offered again.
+    #[arg(long, default_value_t = 60)]
+    pub offer_timeout_seconds: u64,
+    /// A deleted TrainJob whose spoke has not confirmed the stop of its run
+    /// is let go after this long [default: the worker-lost timeout].
+    #[arg(long)]
+    pub deletion_timeout_seconds: Option<u64>,
     /// AllAtOnce: offer each TrainJob to at most this many spokes at once,
     /// those with the most room for it first (a refusal frees a place);
     /// 0 offers to every eligible spoke.
@@ -108,6 +124,8 @@ impl DispatchArgs {
             incremental_step,
             incremental_round_seconds,
             worker_lost_timeout_seconds,
+            offer_timeout_seconds,
+            deletion_timeout_seconds,
             dispatch_fanout,
         } = self;
         let mode = match dispatch_mode {
@@ -118,15 +136,22 @@ impl DispatchArgs {
             },
         };
         let lost_ms = worker_lost_timeout_seconds.saturating_mul(1000);
+        let offer_ms = offer_timeout_seconds.saturating_mul(1000);
+        let deletion_ms = deletion_timeout_seconds
+            .unwrap_or(*worker_lost_timeout_seconds)
+            .saturating_mul(1000);
+        let shortest = lost_ms.min(offer_ms).min(deletion_ms);
         DispatchConfig {
             core: core::Config {
                 mode,
                 worker_lost_timeout_ms: lost_ms,
                 fanout: *dispatch_fanout,
+                offer_timeout_ms: offer_ms,
+                deletion_timeout_ms: deletion_ms,
                 ..core::Config::default()
             },
             // Tick often enough for short (test-sized) timeouts.
-            tick: Duration::from_millis((lost_ms / 4).clamp(100, 1000)),
+            tick: Duration::from_millis((shortest / 4).clamp(100, 1000)),
         }
     }
 }
@@ -195,7 +220,86 @@ struct Write {
     /// write is committed (merges of one batch to one TrainJob become one
     /// update).
     merge: Option<(Key, Value)>,
+    /// A change to a TrainJob's metadata, applied to it as it is when the
+    /// write is committed, in the same commit as `ops`.
+    edit: Option<(Key, Edit)>,
     done: Option<Box<dyn FnOnce(bool) + Send>>,
+}
+
+/// A change dispatch makes to the metadata of TrainJob `uid` (another
+/// object under the same name is left alone).
+#[derive(Debug, Clone, PartialEq)]
+enum Edit {
+    /// Placed on `spoke` (annotation [`ANNOTATION_SPOKE`], and [`FINALIZER`]
+    /// unless it is being deleted, when no finalizer may be added), or not
+    /// placed (the annotation removed).
+    Placed { uid: String, spoke: Option<String> },
+    /// Its run is stopped: [`FINALIZER`] removed.
+    Release { uid: String },
+}
+
+/// What an [`Edit`] did to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Edited {
+    Unchanged,
+    Changed,
+    /// The last finalizer of a deleting object is gone: delete it.
+    Delete,
+}
+
+/// Applies `edit` to the stored TrainJob `object`.
+fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
+    let uid = match edit {
+        Edit::Placed { uid, .. } | Edit::Release { uid } => uid,
+    };
+    if object["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+        return Edited::Unchanged;
+    }
+    let before = object["metadata"].clone();
+    let deleting = !object["metadata"]["deletionTimestamp"].is_null();
+    let meta = &mut object["metadata"];
+    let mut finalizers: Vec<Value> = meta["finalizers"].as_array().cloned().unwrap_or_default();
+    match edit {
+        Edit::Placed { spoke, .. } => {
+            match spoke {
+                Some(spoke) => {
+                    if !meta["annotations"].is_object() {
+                        meta["annotations"] = json!({});
+                    }
+                    meta["annotations"][ANNOTATION_SPOKE] = spoke.as_str().into();
+                    if !deleting && !finalizers.iter().any(|f| f == FINALIZER) {
+                        finalizers.push(FINALIZER.into());
+                    }
+                }
+                None => {
+                    if let Some(a) = meta["annotations"].as_object_mut() {
+                        a.remove(ANNOTATION_SPOKE);
+                    }
+                }
+            }
+            if !finalizers.is_empty() {
+                meta["finalizers"] = Value::Array(finalizers);
+            }
+        }
+        Edit::Release { .. } => {
+            finalizers.retain(|f| f != FINALIZER);
+            if deleting && finalizers.is_empty() {
+                return Edited::Delete;
+            }
+            if let Some(m) = meta.as_object_mut() {
+                if finalizers.is_empty() {
+                    m.remove("finalizers");
+                } else {
+                    m.insert("finalizers".into(), Value::Array(finalizers));
+                }
+            }
+        }
+    }
+    if object["metadata"] == before {
+        Edited::Unchanged
+    } else {
+        Edited::Changed
+    }
 }
 
 /// The dispatch runner. Cheap to share.
@@ -509,12 +613,11 @@ impl Dispatch {
         let managed_elsewhere = object["spec"]["managedBy"]
             .as_str()
             .is_some_and(|m| m != trainhub_api::constants::MANAGED_BY_TRAINJOB_CONTROLLER);
-        let want = if is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED) {
+        let want = if !meta["deletionTimestamp"].is_null() {
+            Want::Delete
+        } else if is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED) {
             Want::Finished
-        } else if object["spec"]["suspend"] == true
-            || !meta["deletionTimestamp"].is_null()
-            || managed_elsewhere
-        {
+        } else if object["spec"]["suspend"] == true || managed_elsewhere {
             Want::Suspend
         } else {
             Want::Run
@@ -687,9 +790,14 @@ impl Dispatch {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 4096).await > 0 {
             let mut ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
-            // (key, resourceVersion read, object with the merges, changed)
-            let mut merged: Vec<(Key, Rv, Value, bool)> = Vec::new();
-            for (key, mapped) in batch.iter().filter_map(|w| w.merge.as_ref()) {
+            // (key, resourceVersion read, object with the merges and edits,
+            // what they did)
+            let mut merged: Vec<(Key, Rv, Value, Edited)> = Vec::new();
+            for w in &batch {
+                let key = match (&w.merge, &w.edit) {
+                    (Some((key, _)), _) | (None, Some((key, _))) => key,
+                    (None, None) => continue,
+                };
                 let at = match merged.iter().position(|(k, ..)| k == key) {
                     Some(at) => at,
                     None => {
@@ -697,24 +805,41 @@ impl Dispatch {
                             continue;
                         };
                         let value = object.value.as_ref().clone();
-                        merged.push((key.clone(), object.rv, value, false));
+                        merged.push((key.clone(), object.rv, value, Edited::Unchanged));
                         merged.len() - 1
                     }
                 };
-                let (_, _, value, changed) = &mut merged[at];
-                let mut status = value["status"].take();
-                *changed |= merge_status(&mut status, mapped);
-                value["status"] = status;
-            }
-            for (key, rv, value, changed) in merged {
-                if !changed {
+                let (_, _, value, outcome) = &mut merged[at];
+                if *outcome == Edited::Delete {
                     continue;
                 }
-                ops.push(Op::Update {
-                    key,
-                    value,
-                    expected: Some(rv),
-                });
+                if let Some((_, mapped)) = &w.merge {
+                    let mut status = value["status"].take();
+                    if merge_status(&mut status, mapped) {
+                        *outcome = Edited::Changed;
+                    }
+                    value["status"] = status;
+                }
+                if let Some((_, edit)) = &w.edit {
+                    match apply_edit(value, edit) {
+                        Edited::Unchanged => {}
+                        done => *outcome = done,
+                    }
+                }
+            }
+            for (key, rv, value, outcome) in merged {
+                match outcome {
+                    Edited::Unchanged => {}
+                    Edited::Changed => ops.push(Op::Update {
+                        key,
+                        value,
+                        expected: Some(rv),
+                    }),
+                    Edited::Delete => ops.push(Op::Delete {
+                        key,
+                        expected: Some(rv),
+                    }),
+                }
             }
             if ops.is_empty() || self.store.commit(ops).await.is_ok() {
                 for w in batch.drain(..) {
@@ -725,12 +850,15 @@ impl Dispatch {
                 continue;
             }
             for w in batch.drain(..) {
-                let mut ok = match self.store.commit(w.ops).await {
-                    Ok(_) => true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "dispatch: write failed");
-                        false
-                    }
+                let mut ok = match &w.edit {
+                    Some((key, edit)) => self.commit_edited(w.ops, key, edit).await,
+                    None => match self.store.commit(w.ops).await {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "dispatch: write failed");
+                            false
+                        }
+                    },
                 };
                 if let Some((key, mapped)) = &w.merge {
                     ok &= update_status(self.store.as_ref(), key, |status| {
@@ -743,6 +871,43 @@ impl Dispatch {
                 }
             }
         }
+    }
+
+    /// Commits `ops` with `edit` applied to the TrainJob at `key` as it is
+    /// now, in one commit, retried on conflicts. A TrainJob that is gone (or
+    /// another object) is not edited; `ops` still commit.
+    async fn commit_edited(&self, ops: Vec<Op>, key: &Key, edit: &Edit) -> bool {
+        for _ in 0..5 {
+            let mut all = ops.clone();
+            if let Some(object) = self.store.get(key) {
+                let mut value = object.value.as_ref().clone();
+                match apply_edit(&mut value, edit) {
+                    Edited::Unchanged => {}
+                    Edited::Changed => all.push(Op::Update {
+                        key: key.clone(),
+                        value,
+                        expected: Some(object.rv),
+                    }),
+                    Edited::Delete => all.push(Op::Delete {
+                        key: key.clone(),
+                        expected: Some(object.rv),
+                    }),
+                }
+            }
+            if all.is_empty() {
+                return true;
+            }
+            match self.store.commit(all).await {
+                Ok(_) => return true,
+                Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "dispatch: write failed");
+                    return false;
+                }
+            }
+        }
+        tracing::warn!(%key, "dispatch: write still conflicting after 5 attempts");
+        false
     }
 
     /// Carries out the dispatcher's actions.
@@ -821,8 +986,36 @@ impl Dispatch {
                     run_id,
                     generation,
                 } => self.start(spoke, job, run_id, generation),
+                Action::Release { job, uid } => self.release(job, uid),
+                Action::Event {
+                    job,
+                    uid,
+                    warning,
+                    reason,
+                    message,
+                } => {
+                    let kind = if warning { "Warning" } else { "Normal" };
+                    let event = trainjob_event(&job, Some(&uid), kind, reason, &message);
+                    self.record_events(&job, vec![event]);
+                }
             }
         }
+    }
+
+    /// Removes [`FINALIZER`] from the deleted TrainJob `uid`; with it the
+    /// last finalizer, the TrainJob goes (as the API server does when an
+    /// update removes the last finalizer of a deleting object). Idempotent:
+    /// a TrainJob without the finalizer, or another object under the same
+    /// name, is left alone.
+    fn release(&self, job: JobKey, uid: String) {
+        tracing::info!(trainjob = %job, "deleted TrainJob released: its run is stopped or given up");
+        let _ = self.writer.send(Write {
+            edit: Some((
+                Key::new(TRAINJOBS, Some(&job.namespace), &job.name),
+                Edit::Release { uid },
+            )),
+            ..Write::default()
+        });
     }
 
     fn commit_placement(&self, job: JobKey, placement: Placement) {
@@ -840,6 +1033,14 @@ impl Dispatch {
             "time": format_time(Timestamp::now()),
         });
         let key = Key::new(PLACEMENTS, Some(&job.namespace), &job.name);
+        // The spoke annotation and the finalizer go in the same commit.
+        let edit = (
+            Key::new(TRAINJOBS, Some(&job.namespace), &job.name),
+            Edit::Placed {
+                uid: uid.clone(),
+                spoke: placement.spoke.clone(),
+            },
+        );
         let done: Option<Box<dyn FnOnce(bool) + Send>> = if placement.spoke.is_some() {
             let this = self.self_arc();
             Some(Box::new(move |ok| {
@@ -850,7 +1051,7 @@ impl Dispatch {
                             &job,
                             Some(&uid),
                             "Normal",
-                            "Placed",
+                            core::reason::PLACED,
                             &format!(
                                 "Placed on spoke {spoke} (placement {})",
                                 placement.generation
@@ -868,6 +1069,7 @@ impl Dispatch {
         let _ = self.writer.send(Write {
             ops: vec![Op::Put { key, value }],
             merge: None,
+            edit: Some(edit),
             done,
         });
     }
@@ -1082,7 +1284,13 @@ impl Dispatch {
                 if let Some(s) = lock(&self.sessions).get_mut(spoke) {
                     s.allocatable = capacity.iter().map(|(r, a, _)| (r.clone(), *a)).collect();
                 }
-                let actions = lock(&self.state).spoke_heartbeat(spoke, capacity, self.now());
+                let reservations: Vec<(String, i64)> = hb
+                    .reservations
+                    .iter()
+                    .map(|r| (r.run_id.clone(), r.generation))
+                    .collect();
+                let actions =
+                    lock(&self.state).spoke_heartbeat(spoke, capacity, &reservations, self.now());
                 self.execute(actions);
             }
             Message::Admit(answer) => {
@@ -1102,6 +1310,9 @@ impl Dispatch {
             Message::Log(chunk) => self.on_log_chunk(spoke, session, chunk),
             Message::Stopped(stopped) => {
                 tracing::debug!(spoke, run = %stopped.run_id, generation = stopped.generation, "run stopped");
+                let actions =
+                    lock(&self.state).run_stopped(spoke, &stopped.run_id, stopped.generation);
+                self.execute(actions);
             }
         }
     }
@@ -1723,6 +1934,53 @@ mod tests {
         assert_eq!(milli("1Gi").unwrap(), 1_073_741_824_000);
         assert_eq!(milli("1n").unwrap(), 1);
         assert!(milli("two").is_err());
+    }
+
+    #[test]
+    fn a_placement_sets_the_spoke_and_the_finalizer_and_a_release_deletes_a_deleting_trainjob() {
+        let mut job =
+            json!({"metadata": {"name": "j", "uid": "u1", "finalizers": ["example.com/keep"]}});
+        let placed = Edit::Placed {
+            uid: "u1".into(),
+            spoke: Some("gpu-1".into()),
+        };
+        assert_eq!(apply_edit(&mut job, &placed), Edited::Changed);
+        assert_eq!(job["metadata"]["annotations"][ANNOTATION_SPOKE], "gpu-1");
+        assert_eq!(
+            job["metadata"]["finalizers"],
+            json!(["example.com/keep", FINALIZER])
+        );
+        assert_eq!(
+            apply_edit(&mut job, &placed),
+            Edited::Unchanged,
+            "idempotent"
+        );
+        // Another object under the same name is left alone.
+        let other = Edit::Release { uid: "u2".into() };
+        assert_eq!(apply_edit(&mut job, &other), Edited::Unchanged);
+        // Requeued: no spoke shown; the finalizer stays.
+        let unplaced = Edit::Placed {
+            uid: "u1".into(),
+            spoke: None,
+        };
+        assert_eq!(apply_edit(&mut job, &unplaced), Edited::Changed);
+        assert!(job["metadata"]["annotations"][ANNOTATION_SPOKE].is_null());
+        let release = Edit::Release { uid: "u1".into() };
+        let mut deleting = job.clone();
+        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        // Another finalizer holds it: only ours goes.
+        assert_eq!(apply_edit(&mut deleting, &release), Edited::Changed);
+        assert_eq!(
+            deleting["metadata"]["finalizers"],
+            json!(["example.com/keep"])
+        );
+        deleting["metadata"]["finalizers"] = json!([FINALIZER]);
+        assert_eq!(apply_edit(&mut deleting, &release), Edited::Delete);
+        // Being deleted: no finalizer may be added.
+        let mut marked =
+            json!({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}});
+        apply_edit(&mut marked, &placed);
+        assert!(marked["metadata"]["finalizers"].is_null());
     }
 
     #[test]

@@ -1,0 +1,3 @@
+//! Fault tests (issue 18), one file per area.
+
+mod hubd;
