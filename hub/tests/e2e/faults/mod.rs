@@ -1,0 +1,3 @@
+//! Fault tests: real hub and spoke processes over real gRPC.
+
+mod spokes;
