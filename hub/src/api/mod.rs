@@ -1,6 +1,7 @@
 //! The hub's API: which resources it serves, read from the CRDs in
 //! `manifests/crds/` (so discovery, OpenAPI, printer columns and field
-//! pruning follow the same schema a real API server would enforce), plus the
+//! pruning follow the same schema a real API server would enforce): the
+//! trainer kinds and the hub's own `Spoke` (see [`crate::spokes`]), plus the
 //! read-only core views of what spokes report (pods, events), the
 //! configuration clients read (configmaps), namespaces (the tenants) and
 //! the self reviews of `kubectl auth`.

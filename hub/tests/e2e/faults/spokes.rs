@@ -227,7 +227,10 @@ async fn spokes_are_listed_and_a_cordoned_spoke_gets_nothing_new_and_drains() {
         (s["status"]["state"] == "Connected,SchedulingDisabled").then_some(())
     })
     .await;
-    hub.kubectl_stdin(&["apply", "-f", "-"], Some(&trainjob("drained", "sleep 6")));
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&trainjob("drained", "sleep 10")),
+    );
     eventually("drained running on spoke-2", &hub, none, || {
         let s = spoke_object(&hub, "spoke-2")?;
         (s["status"]["running"] == 1).then_some(())
@@ -450,6 +453,19 @@ async fn rotated_certificates_are_used_without_restart_and_a_deleted_spoke_is_re
     // kubectl (a new connection, verifying against the CA) still works.
     hub.kubectl_ok(&["get", "spokes"]);
 
+    // A TrainJob running on it when it is revoked follows the worker-lost
+    // path: requeued after the timeout, placed again once a spoke can take
+    // it.
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&trainjob("on-revoked", "sleep 30")),
+    );
+    eventually("on-revoked running on ext-1", &hub, spoke_log, || {
+        let s = spoke_object(&hub, "ext-1")?;
+        (s["status"]["running"] == 1).then_some(())
+    })
+    .await;
+
     // Deleting the Spoke revokes its certificate: the session ends, its
     // reconnects are refused (said on both sides), and no Spoke comes back.
     hub.kubectl_ok(&["delete", "spoke", "ext-1", "--timeout", "30s"]);
@@ -468,6 +484,16 @@ async fn rotated_certificates_are_used_without_restart_and_a_deleted_spoke_is_re
         "the revoked spoke's Spoke came back"
     );
 
+    // Past the worker-lost timeout its TrainJob is queued again.
+    eventually("on-revoked requeued", &hub, spoke_log, || {
+        let metrics = hub.kubectl_ok(&["get", "--raw", "/metrics"]);
+        metrics
+            .lines()
+            .any(|l| l.trim() == "trainhub_queue_depth 1")
+            .then_some(())
+    })
+    .await;
+
     // A new certificate (a new serial) for the same name may join again.
     trainctl_ok(&["certs", "spoke", "ext-1", "--dir", pki_arg]);
     let reissued = serial_in(&pki, "ext-1");
@@ -478,4 +504,12 @@ async fn rotated_certificates_are_used_without_restart_and_a_deleted_spoke_is_re
         .then_some(())
     })
     .await;
+    eventually(
+        "on-revoked placed again (placement 2)",
+        &hub,
+        spoke_log,
+        || (placed_on(&hub, "on-revoked").len() == 2).then_some(()),
+    )
+    .await;
+    hub.kubectl_ok(&["delete", "trainjob", "on-revoked", "--timeout", "30s"]);
 }
