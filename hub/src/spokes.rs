@@ -748,8 +748,8 @@ mod tests {
             now,
         );
         assert_eq!(s["state"], "Connected");
-        assert_eq!(s["capacitySummary"], "cpu=4,memory=8000Gi");
-        assert_eq!(s["freeSummary"], "cpu=1500m,memory=8000Gi");
+        assert_eq!(s["capacitySummary"], "cpu=4,memory=8Gi");
+        assert_eq!(s["freeSummary"], "cpu=1500m,memory=8Gi");
         assert_eq!(s["running"], 2);
         assert_eq!(s["backend"], "process");
         assert_eq!(s["labelsSummary"], "region=eu");
@@ -784,7 +784,7 @@ mod tests {
         assert_eq!(lost["state"], "Lost");
         assert_eq!(lost["running"], 0);
         // What is not known now stays as it was.
-        assert_eq!(lost["capacitySummary"], "cpu=4,memory=8000Gi");
+        assert_eq!(lost["capacitySummary"], "cpu=4,memory=8Gi");
         let never = desired_status(&Value::Null, None, None, false, now);
         assert_eq!(
             condition(&never, CONDITION_CONNECTED)["reason"],
