@@ -12,6 +12,9 @@ use trainhub_apiserver::pki::CertInfo;
 
 use crate::common::{DevHub, free_port, tail, wait_for};
 
+const ADMIN: &str = "admin-token-0123456789abcdef";
+const ALICE: &str = "alice-token-0123456789abcdef";
+
 fn trainctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_trainctl"))
         .args(args)
@@ -100,7 +103,14 @@ fn placed_on(hub: &DevHub, job: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spokes_are_listed_and_a_cordoned_spoke_gets_nothing_new_and_drains() {
-    let hub = DevHub::start_args(&["--spokes", "2", "--grpc-port", "0"], |_| {});
+    let hub = DevHub::start_args(&["--spokes", "2", "--grpc-port", "0"], |dir| {
+        // The first line is the dev admin; alice is a tenant.
+        std::fs::write(
+            dir.join("tokens.csv"),
+            format!("{ADMIN},admin,admin,\"system:masters\"\n{ALICE},alice,alice-uid,\"team-a\"\n"),
+        )
+        .unwrap();
+    });
     let kubeconfig = hub.kubeconfig();
     let kubeconfig = kubeconfig.to_str().unwrap();
     let none = String::new;
@@ -175,6 +185,26 @@ async fn spokes_are_listed_and_a_cordoned_spoke_gets_nothing_new_and_drains() {
         wide.contains("LABELS") && wide.contains("trainhub.kubeflow.org/spoke=spoke-2"),
         "{wide}"
     );
+
+    // Spokes are for admins: a tenant can neither read nor cordon one.
+    for args in [
+        &["get", "spokes"][..],
+        &[
+            "patch",
+            "spoke",
+            "spoke-1",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"unschedulable":true}}"#,
+        ],
+    ] {
+        let out = hub.kubectl(&[&["--token", ALICE][..], args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("Forbidden"),
+            "{args:?}: {stderr}"
+        );
+    }
 
     // A spoke's spec is validated: a Status naming the field and the rule.
     let bad = hub.kubectl(&[
