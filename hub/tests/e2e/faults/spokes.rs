@@ -409,6 +409,31 @@ async fn rotated_certificates_are_used_without_restart_and_a_deleted_spoke_is_re
     let pki = hub.dir.path().join("pki");
     let pki_arg = pki.to_str().unwrap();
     let work = tempfile::tempdir().unwrap();
+
+    // An admin may create a Spoke ahead of its spoke (here cordoned): the
+    // hub adds its finalizer and says it never connected.
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some("apiVersion: trainhub.kubeflow.org/v1alpha1\nkind: Spoke\nmetadata:\n  name: ahead-1\nspec:\n  unschedulable: true\n"),
+    );
+    let ahead = eventually("ahead-1's status", &hub, String::new, || {
+        let s = spoke_object(&hub, "ahead-1")?;
+        (s["status"]["state"] == "Disconnected,SchedulingDisabled").then_some(s)
+    })
+    .await;
+    assert_eq!(
+        ahead["metadata"]["finalizers"][0],
+        "trainhub.kubeflow.org/revoke-certificate"
+    );
+    let connected = ahead["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Connected")
+        .unwrap();
+    assert_eq!(connected["reason"], "NeverConnected", "{ahead}");
+    // Deleting a Spoke that never connected revokes nothing and goes.
+    hub.kubectl_ok(&["delete", "spoke", "ahead-1", "--timeout", "30s"]);
     trainctl_ok(&["certs", "spoke", "ext-1", "--dir", pki_arg]);
     let first = serial_in(&pki, "ext-1");
     let spoke = start_spoke(&pki, work.path(), "ext-1", grpc);
