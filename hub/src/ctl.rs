@@ -39,7 +39,9 @@ pub enum SpokeCommand {
     Cordon(SpokeTarget),
     /// Mark the spoke schedulable again.
     Uncordon(SpokeTarget),
-    /// Cordon the spoke, then wait until no TrainJob runs on it.
+    /// Cordon the spoke, then wait until no TrainJob runs on it, as
+    /// `kubectl drain` does: running TrainJobs finish where they are (none
+    /// is moved; suspend and resume one to requeue it now).
     Drain {
         #[command(flatten)]
         target: SpokeTarget,
