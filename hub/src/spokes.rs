@@ -452,6 +452,7 @@ impl Controller {
         registry.warn_expiring(now);
         let (objects, _) = self.store.list(SPOKES, None);
         let mut seen = BTreeSet::new();
+        let mut writes = Vec::new();
         for object in objects {
             let name = object.key.name.clone();
             let value = object.value.as_ref();
@@ -486,14 +487,21 @@ impl Controller {
                 finalizers.push(FINALIZER_REVOKE.to_string());
                 updated["metadata"]["finalizers"] = json!(finalizers);
             }
-            let op = Op::Update {
+            writes.push(Op::Update {
                 key: object.key.clone(),
                 value: updated,
                 expected: Some(object.rv),
-            };
-            if let Err(e) = self.store.commit(vec![op]).await {
-                // A concurrent write (an admin's cordon): next pass.
-                tracing::debug!(spoke = %name, error = %e, "writing the Spoke status");
+            });
+        }
+        // One commit for the pass; if one write conflicts (an admin's
+        // cordon meanwhile), the others go one by one and it waits for the
+        // next pass.
+        if !writes.is_empty() && self.store.commit(writes.clone()).await.is_err() {
+            for op in writes {
+                let key = op.key().clone();
+                if let Err(e) = self.store.commit(vec![op]).await {
+                    tracing::debug!(spoke = %key.name, error = %e, "writing the Spoke status");
+                }
             }
         }
         // Spokes gone from the store are no longer cordoned.
