@@ -101,10 +101,35 @@ pub async fn run(
     let mut spokes = Vec::new();
     for i in 1..=args.spokes {
         let name = format!("spoke-{i}");
-        if !pki.contains(&name) {
-            pki.write(&name, &ca.issue_client(&name, &[crate::grpc::SPOKE_GROUP])?)?;
+        // Issued for DEFAULT_CERT_DAYS, and again when it expires within
+        // the warning window (or cannot be read).
+        let expiring = pki
+            .read(&name)
+            .ok()
+            .and_then(|i| trainhub_apiserver::pki::CertInfo::from_pem(&i.cert_pem).ok())
+            .is_none_or(|c| {
+                c.not_after - jiff::Timestamp::now().as_second()
+                    < crate::spokes::EXPIRY_WARNING.as_secs() as i64
+            });
+        if expiring {
+            pki.write(
+                &name,
+                &ca.issue_client_for(
+                    &name,
+                    &[crate::grpc::SPOKE_GROUP],
+                    crate::spokes::DEFAULT_CERT_DAYS,
+                )?,
+            )?;
         }
-        spokes.push((name.clone(), pki.read(&name)?));
+        spokes.push((
+            name.clone(),
+            pki.read(&name)?,
+            trainhub_spoke::certs::CertFiles {
+                cert: pki.cert_path(&name),
+                key: pki.key_path(&name),
+                ca: pki.cert_path("ca"),
+            },
+        ));
     }
     let capacity = trainhub_spoke::cli::parse_capacity(&args.spoke_capacity)?;
     let mut to_apply = Vec::new();
@@ -151,11 +176,12 @@ pub async fn run(
         |addrs| {
             let addr = addrs.api;
             if let Some(grpc) = addrs.grpc {
-                for (name, issued) in spokes {
+                for (name, issued, files) in spokes {
                     let work_dir = spokes_dir.join(&name);
                     let config = trainhub_spoke::agent::AgentConfig {
                         heartbeat: std::time::Duration::from_secs(1),
                         labels: [("trainhub.kubeflow.org/spoke".to_string(), name.clone())].into(),
+                        cert_files: Some(files),
                         ..trainhub_spoke::agent::AgentConfig::new(
                             format!("https://{grpc}"),
                             ca_pem.clone(),

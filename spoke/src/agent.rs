@@ -47,6 +47,10 @@ pub struct AgentConfig {
     /// Reconnect backoff: starts at `backoff_min`, doubles up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// When set, the CA, certificate and key are read from these files on
+    /// every connect (the PEM fields above are not used), and a change of
+    /// the files ends the session so that the next uses them.
+    pub cert_files: Option<crate::certs::CertFiles>,
 }
 
 impl AgentConfig {
@@ -61,6 +65,7 @@ impl AgentConfig {
             heartbeat: Duration::from_secs(5),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
+            cert_files: None,
         }
     }
 }
@@ -74,6 +79,10 @@ pub enum AgentError {
     Connect(#[from] tonic::transport::Error),
     #[error("the hub ended the session: {0}")]
     Status(#[from] tonic::Status),
+    #[error("certificate files: {0}")]
+    CertFiles(String),
+    #[error("the certificate files changed: reconnecting with them")]
+    Rotated,
 }
 
 /// An error with its sources: tonic's transport errors say only
@@ -206,8 +215,11 @@ pub async fn run(
             sessions += 1;
             let result = session(&config, &shared).await;
             metrics::spoke().connected.set(0);
-            match result {
+            match &result {
                 Ok(()) => tracing::warn!("the hub closed the session"),
+                Err(AgentError::Rotated) => {
+                    tracing::info!("reconnecting with the rotated certificate")
+                }
                 Err(e) => tracing::warn!(error = %e, "session with the hub failed"),
             }
             *lock(&shared.current) = None;
@@ -217,7 +229,12 @@ pub async fn run(
             if started.elapsed() > config.backoff_max {
                 failures = 0;
             }
-            let wait = backoff(&config, failures);
+            let wait = if matches!(result, Err(AgentError::Rotated)) {
+                failures = 0;
+                config.backoff_min
+            } else {
+                backoff(&config, failures)
+            };
             failures = failures.saturating_add(1);
             tracing::info!(wait_ms = wait.as_millis() as u64, "reconnecting");
             tokio::time::sleep(wait).await;
@@ -241,9 +258,27 @@ fn backoff(config: &AgentConfig, failures: u32) -> Duration {
 }
 
 async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), AgentError> {
+    let stamp = config.cert_files.as_ref().map(|f| f.stamp());
+    let (ca_pem, cert_pem, key_pem) = match &config.cert_files {
+        Some(files) => {
+            let pems = files.read().map_err(AgentError::CertFiles)?;
+            (pems.ca, pems.cert, pems.key)
+        }
+        None => (
+            config.ca_pem.clone(),
+            config.cert_pem.clone(),
+            config.key_pem.clone(),
+        ),
+    };
+    let rotated = async {
+        match (&config.cert_files, stamp) {
+            (Some(files), Some(stamp)) => files.changed(stamp, crate::certs::CHECK_EVERY).await,
+            _ => std::future::pending().await,
+        }
+    };
     let mut tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&config.ca_pem))
-        .identity(Identity::from_pem(&config.cert_pem, &config.key_pem));
+        .ca_certificate(Certificate::from_pem(&ca_pem))
+        .identity(Identity::from_pem(&cert_pem, &key_pem));
     if let Some(name) = &config.tls_server_name {
         tls = tls.domain_name(name.clone());
     }
@@ -319,8 +354,13 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
         }))
     };
     let mut inbound = response.into_inner();
+    tokio::pin!(rotated);
     loop {
-        match inbound.next().await {
+        let next = tokio::select! {
+            next = inbound.next() => next,
+            () = &mut rotated => break Err(AgentError::Rotated),
+        };
+        match next {
             Some(Ok(pb::HubMessage {
                 message: Some(message),
             })) => handle(shared, &tx, message),

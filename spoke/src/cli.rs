@@ -42,7 +42,9 @@ pub struct Args {
     #[arg(long)]
     pub ca: PathBuf,
     /// PEM files of this spoke's client certificate (its CN is the spoke's
-    /// name) and key, as `trainctl certs spoke` writes them.
+    /// name) and key, as `trainctl certs spoke` writes them. Read again on
+    /// every connect; when they (or --ca) change on disk, e.g. after
+    /// `trainctl certs renew`, the spoke reconnects with them.
     #[arg(long)]
     pub cert: PathBuf,
     #[arg(long)]
@@ -206,6 +208,12 @@ pub async fn run(args: Args) -> Result<()> {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
     let mut config = AgentConfig::new(hub, read(&ca)?, read(&cert)?, read(&key)?);
+    // Rotated files are picked up without a restart.
+    config.cert_files = Some(crate::certs::CertFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        ca: ca.clone(),
+    });
     config.tls_server_name = tls_server_name;
     config.labels = parse_pairs("--label", &labels)?;
     config.heartbeat = Duration::from_secs(heartbeat_seconds.max(1));

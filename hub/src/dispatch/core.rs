@@ -339,6 +339,22 @@ pub struct Dispatcher {
     /// Advances with every nomination, so that spokes with equal room take
     /// turns at the head of a limited fan-out.
     turn: usize,
+    /// Cordoned spokes (`Spoke.spec.unschedulable`): offered nothing new;
+    /// kept across reconnects.
+    unschedulable: BTreeSet<String>,
+}
+
+/// What the dispatcher knows of one spoke, for its `Spoke` status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpokeView {
+    pub labels: Value,
+    pub allocatable: Resources,
+    pub free: Resources,
+    /// When it disconnected; None while connected.
+    pub disconnected_at: Option<Millis>,
+    /// TrainJobs placed on it (committing or placed) that have not
+    /// finished.
+    pub running: usize,
 }
 
 impl Dispatcher {
@@ -350,7 +366,55 @@ impl Dispatcher {
             queue: BTreeSet::new(),
             spokes: BTreeMap::new(),
             turn: 0,
+            unschedulable: BTreeSet::new(),
         }
+    }
+
+    /// Cordons (`true`) or uncordons a spoke. A cordoned spoke is offered
+    /// nothing new; its placed runs and pending offers are left alone.
+    /// Uncordoning offers queued jobs at once.
+    pub fn set_unschedulable(
+        &mut self,
+        name: &str,
+        unschedulable: bool,
+        now: Millis,
+    ) -> Vec<Action> {
+        if unschedulable {
+            self.unschedulable.insert(name.to_string());
+            return Vec::new();
+        }
+        if self.unschedulable.remove(name) {
+            return self.dispatch_all(now);
+        }
+        Vec::new()
+    }
+
+    /// The spokes the dispatcher knows (connected, or disconnected and not
+    /// yet given up), by name.
+    pub fn spoke_views(&self) -> BTreeMap<String, SpokeView> {
+        let mut running: HashMap<&str, usize> = HashMap::new();
+        for job in self.jobs.values() {
+            if let Some(spoke) = job.placed_on()
+                && job.info.want == Want::Run
+            {
+                *running.entry(spoke).or_default() += 1;
+            }
+        }
+        self.spokes
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    SpokeView {
+                        labels: s.labels.clone(),
+                        allocatable: s.allocatable.clone(),
+                        free: s.free.clone(),
+                        disconnected_at: s.disconnected_at,
+                        running: running.get(name.as_str()).copied().unwrap_or(0),
+                    },
+                )
+            })
+            .collect()
     }
 
     pub fn config(&self) -> &Config {
@@ -1199,6 +1263,7 @@ impl Dispatcher {
             .iter()
             .filter(|(name, spoke)| {
                 spoke.disconnected_at.is_none()
+                    && !self.unschedulable.contains(*name)
                     && !offers.contains_key(*name)
                     && spoke.could_ever_fit(&demand)
                     && spoke.fits_now(&demand)
@@ -1864,6 +1929,34 @@ mod tests {
         );
         // A gang bigger than any spoke is never offered.
         assert!(offers(&d.upsert_job(job("huge", 5000, 2), None, 0)).is_empty());
+    }
+
+    #[test]
+    fn a_cordoned_spoke_gets_no_offers_until_uncordoned_and_keeps_its_runs() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        connect(&mut d, "b", json!({}), 8000);
+        d.upsert_job(job("placed", 1000, 1), None, 0);
+        place(&mut d, "placed", "a");
+        assert!(d.set_unschedulable("a", true, 0).is_empty());
+        assert_eq!(
+            offers(&d.upsert_job(job("j", 1000, 1), None, 0)),
+            vec![("b".into(), "j".into(), 1)]
+        );
+        // Nothing changed for the run already there.
+        assert_eq!(d.placement(&key("placed")), Some(("a", 1)));
+        assert_eq!(d.spoke_views()["a"].running, 1);
+        // Still cordoned after a reconnect.
+        d.spoke_disconnected("a", 5);
+        d.spoke_connected("a", json!({}), cpu(8000, 7000), &[], 6);
+        assert!(
+            offers(&d.upsert_job(job("k", 1000, 1), None, 7))
+                .iter()
+                .all(|(s, ..)| s != "a")
+        );
+        // Uncordoned: the queued jobs are offered to it at once.
+        let again = offers(&d.set_unschedulable("a", false, 8));
+        assert!(again.iter().any(|(s, ..)| s == "a"), "{again:?}");
     }
 
     #[test]

@@ -329,6 +329,8 @@ pub struct Dispatch {
     me: std::sync::Weak<Dispatch>,
     /// Spans and latency metrics.
     observe: observe::Observer,
+    /// The spokes' sessions and certificates, for their `Spoke` objects.
+    spokes: Arc<crate::spokes::Registry>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -358,7 +360,6 @@ impl Dispatch {
         let (writer, writer_rx) = mpsc::unbounded_channel();
         Arc::new_cyclic(|me| Dispatch {
             me: me.clone(),
-            store,
             admission,
             plugins,
             config,
@@ -375,6 +376,8 @@ impl Dispatch {
             writer_rx: Mutex::new(Some(writer_rx)),
             epoch: Instant::now(),
             observe: observe::Observer::default(),
+            spokes: crate::spokes::Registry::new(store.clone()),
+            store,
         })
     }
 
@@ -1162,6 +1165,32 @@ impl Dispatch {
             let _ = session.tx.send(pb::HubMessage {
                 message: Some(message),
             });
+        }
+    }
+
+    // ------------------------------------------------------------ spokes
+
+    /// The spokes' sessions and certificates.
+    pub fn spokes(&self) -> &Arc<crate::spokes::Registry> {
+        &self.spokes
+    }
+
+    /// Cordons or uncordons a spoke (its `Spoke.spec.unschedulable`).
+    pub fn set_unschedulable(&self, spoke: &str, unschedulable: bool) {
+        let actions = lock(&self.state).set_unschedulable(spoke, unschedulable, self.now());
+        self.execute(actions);
+    }
+
+    /// What dispatch knows of each spoke, for the `Spoke` objects' status.
+    pub fn spoke_views(&self) -> std::collections::BTreeMap<String, core::SpokeView> {
+        lock(&self.state).spoke_views()
+    }
+
+    /// Ends the open session of `spoke`, if any, telling it `reason`; the
+    /// spoke is then disconnected (its runs follow the worker-lost path).
+    pub fn close_session(&self, spoke: &str, reason: &str) {
+        if let Some(session) = lock(&self.sessions).get(spoke) {
+            let _ = session.close.send(Some(reason.to_string()));
         }
     }
 

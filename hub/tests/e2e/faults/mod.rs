@@ -1,3 +1,4 @@
-//! Fault tests (issue 18), one file per area.
+//! Fault tests: real hub and spoke processes over real gRPC, one file per area.
 
 mod hubd;
+mod spokes;
