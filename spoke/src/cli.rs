@@ -88,6 +88,17 @@ pub struct Args {
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 5)]
     pub heartbeat_seconds: u64,
+    /// Self-fencing: when nothing has been heard from the hub for this
+    /// many seconds, every run not finished is stopped and reported lost
+    /// (`Fenced`) on the next connect. Must be strictly less than the hub's
+    /// --worker-lost-timeout-seconds (the hub refuses the session
+    /// otherwise), with a margin for the time a message takes.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fence_after_seconds: u64,
+    /// An admitted offer neither started nor withdrawn by the hub is
+    /// released after this many seconds.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reservation_ttl_seconds: u64,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Serve `/metrics` (Prometheus), `/livez` and `/readyz` over plain
@@ -199,6 +210,8 @@ pub async fn run(args: Args) -> Result<()> {
         kueue_queue,
         field_manager,
         heartbeat_seconds,
+        fence_after_seconds,
+        reservation_ttl_seconds,
         log_format: _,
         http_address,
     } = args;
@@ -209,6 +222,13 @@ pub async fn run(args: Args) -> Result<()> {
     config.tls_server_name = tls_server_name;
     config.labels = parse_pairs("--label", &labels)?;
     config.heartbeat = Duration::from_secs(heartbeat_seconds.max(1));
+    config.fence_after = Duration::from_secs(fence_after_seconds);
+    config.reservation_ttl = Duration::from_secs(reservation_ttl_seconds);
+    if config.heartbeat >= config.fence_after {
+        bail!(
+            "--heartbeat-seconds {heartbeat_seconds} must be less than --fence-after-seconds {fence_after_seconds}: the hub answers heartbeats, and a spoke that hears nothing for fence-after stops its runs"
+        );
+    }
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend: Arc<dyn crate::backend::Backend> = match backend {
         BackendKind::Process => ProcessBackend::new(
