@@ -184,6 +184,14 @@ struct RunEntry {
     grace: Duration,
 }
 
+/// A run being fenced: its supervisor, processes and record.
+type Fenced = (
+    RunKey,
+    Option<tokio::task::JoinHandle<()>>,
+    Arc<Procs>,
+    Option<Arc<RecordFile>>,
+);
+
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
@@ -720,12 +728,7 @@ impl Backend for ProcessBackend {
     /// memory and in its record; its directory and logs stay.
     fn fence(&self) -> BoxFuture<'_, Vec<RunKey>> {
         Box::pin(async move {
-            let fenced: Vec<(
-                RunKey,
-                Option<tokio::task::JoinHandle<()>>,
-                Arc<Procs>,
-                Option<Arc<RecordFile>>,
-            )> = {
+            let fenced: Vec<Fenced> = {
                 let mut inner = self.shared.lock();
                 let keys: Vec<RunKey> = inner
                     .runs

@@ -335,7 +335,7 @@ mod tests {
         };
         // Reaped by a thread here, as init would reap an orphan.
         let reaper = std::thread::spawn(move || child.wait());
-        let left = kill_and_wait(&[record.clone()], Duration::from_secs(5));
+        let left = kill_and_wait(std::slice::from_ref(&record), Duration::from_secs(5));
         assert!(left.is_empty(), "{left:?}");
         assert!(!alive(&record));
         let status = reaper.join().unwrap().unwrap();
