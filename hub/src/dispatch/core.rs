@@ -162,7 +162,20 @@ pub enum Action {
         generation: i64,
         reason: &'static str,
     },
+    /// The TrainJob was taken back from `spoke` and queued again under
+    /// `generation` (for the requeue event): `reason` is the spoke's
+    /// (`Fenced`, `SpokeRestarted`).
+    Requeued {
+        job: JobKey,
+        spoke: String,
+        generation: i64,
+        reason: String,
+    },
 }
+
+/// Why a spoke says a run is lost, as the protocol spells it.
+pub const LOST_FENCED: &str = "Fenced";
+pub const LOST_SPOKE_RESTARTED: &str = "SpokeRestarted";
 
 /// Whether a spoke's report about a run is taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +259,25 @@ impl Spoke {
         demand
             .iter()
             .all(|(r, m)| *m <= 0 || self.free.get(r).is_some_and(|f| f >= m))
+    }
+}
+
+/// Takes a placed job back: a new generation, queued, the placement
+/// (none) to commit.
+fn requeue(job: &mut Job, queue: &mut BTreeSet<QueueKey>, mode: Mode, now: Millis) -> Action {
+    job.generation += 1;
+    job.phase = Phase::Queued {
+        offers: BTreeMap::new(),
+        round_started: now,
+        quota: initial_quota(mode),
+    };
+    queue.insert(job.queue_key());
+    Action::Commit {
+        job: job.info.key.clone(),
+        placement: Placement {
+            spoke: None,
+            generation: job.generation,
+        },
     }
 }
 
@@ -687,6 +719,40 @@ impl Dispatcher {
         Verdict::Foreign
     }
 
+    /// A spoke says it stopped run `(run_id, generation)` without being
+    /// asked (`reason`: it fenced itself, or restarted and killed what it
+    /// found). If that is the TrainJob's current placement on this spoke,
+    /// the TrainJob is queued again at once under a new generation, as a
+    /// lost spoke's are; a lost run of any other generation or spoke
+    /// changes nothing. The lost run itself is then stale, and stopped
+    /// when the spoke lists it.
+    pub fn run_lost(
+        &mut self,
+        spoke: &str,
+        run_id: &str,
+        generation: i64,
+        reason: &str,
+        now: Millis,
+    ) -> Vec<Action> {
+        let Some(job) = self.by_uid.get(run_id).and_then(|k| self.jobs.get_mut(k)) else {
+            return Vec::new();
+        };
+        let placed_here = matches!(&job.phase, Phase::Placed { spoke: s } if s == spoke);
+        if !placed_here || job.generation != generation || job.info.want != Want::Run {
+            return Vec::new();
+        }
+        let key = job.info.key.clone();
+        let mut actions = vec![requeue(job, &mut self.queue, self.config.mode, now)];
+        actions.push(Action::Requeued {
+            job: key,
+            spoke: spoke.to_string(),
+            generation: generation + 1,
+            reason: reason.to_string(),
+        });
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+
     /// Time passes: lost spokes are given up (their runs requeued),
     /// incremental rounds widen, refusals expire.
     pub fn tick(&mut self, now: Millis) -> Vec<Action> {
@@ -705,20 +771,7 @@ impl Dispatcher {
             for job in self.jobs.values_mut() {
                 let placed_here = matches!(&job.phase, Phase::Placed { spoke } if spoke == name);
                 if placed_here && job.info.want == Want::Run {
-                    job.generation += 1;
-                    job.phase = Phase::Queued {
-                        offers: BTreeMap::new(),
-                        round_started: now,
-                        quota: initial_quota(self.config.mode),
-                    };
-                    self.queue.insert(job.queue_key());
-                    actions.push(Action::Commit {
-                        job: job.info.key.clone(),
-                        placement: Placement {
-                            spoke: None,
-                            generation: job.generation,
-                        },
-                    });
+                    actions.push(requeue(job, &mut self.queue, self.config.mode, now));
                 }
             }
         }
@@ -1180,6 +1233,59 @@ mod tests {
         assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
         assert_eq!(d.check_run("b", "uid-j", 2), Verdict::Accept(key("j")));
         assert_eq!(d.check_run("a", "uid-j", 2), Verdict::Foreign);
+    }
+
+    #[test]
+    fn a_run_the_spoke_lost_is_requeued_at_once_and_an_older_one_changes_nothing() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        connect(&mut d, "b", json!({}), 8000);
+        // Another spoke, or a generation that is not the placement's: nothing.
+        assert!(d.run_lost("b", "uid-j", 1, LOST_FENCED, 10).is_empty());
+        assert!(d.run_lost("a", "uid-j", 0, LOST_FENCED, 10).is_empty());
+        assert!(d.run_lost("a", "uid-other", 1, LOST_FENCED, 10).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("a", 1)));
+        // The placement's run: requeued under generation 2 with the reason,
+        // and offered again (a, which restarted, too), without waiting for
+        // the worker-lost timeout.
+        d.spoke_disconnected("a", 20);
+        connect(&mut d, "a", json!({}), 8000);
+        let actions = d.run_lost("a", "uid-j", 1, LOST_SPOKE_RESTARTED, 30);
+        assert_eq!(
+            actions[..2],
+            [
+                Action::Commit {
+                    job: key("j"),
+                    placement: Placement {
+                        spoke: None,
+                        generation: 2
+                    }
+                },
+                Action::Requeued {
+                    job: key("j"),
+                    spoke: "a".into(),
+                    generation: 2,
+                    reason: "SpokeRestarted".into()
+                }
+            ]
+        );
+        let mut offered = offers(&actions);
+        offered.sort();
+        assert_eq!(
+            offered,
+            vec![("a".into(), "j".into(), 2), ("b".into(), "j".into(), 2)]
+        );
+        // Said again (a second hello): the run is now stale, nothing more.
+        assert!(
+            d.run_lost("a", "uid-j", 1, LOST_SPOKE_RESTARTED, 40)
+                .is_empty()
+        );
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+        place(&mut d, "j", "b");
+        assert!(d.run_lost("a", "uid-j", 1, LOST_FENCED, 50).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("b", 2)));
     }
 
     #[test]
