@@ -6,6 +6,7 @@
 mod charts;
 mod common;
 mod dispatch;
+mod faults;
 mod kube;
 mod kube_clients;
 mod kubectl;

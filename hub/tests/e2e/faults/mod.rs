@@ -1,0 +1,3 @@
+//! Fault tests: real processes, real gRPC.
+
+mod exactly_once;
