@@ -371,6 +371,26 @@ mod tests {
     }
 
     #[test]
+    fn fencing_and_reservation_flags_default_to_the_documented_values() {
+        let default = Args::try_parse_from(BASE).unwrap();
+        assert_eq!(default.fence_after_seconds, 300);
+        assert_eq!(default.reservation_ttl_seconds, 120);
+        let args = Args::try_parse_from(BASE.iter().copied().chain([
+            "--fence-after-seconds",
+            "3",
+            "--reservation-ttl-seconds",
+            "10",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (args.fence_after_seconds, args.reservation_ttl_seconds),
+            (3, 10)
+        );
+        let zero = Args::try_parse_from(BASE.iter().copied().chain(["--fence-after-seconds", "0"]));
+        assert!(zero.is_err(), "fencing cannot be turned off");
+    }
+
+    #[test]
     fn sandbox_flags_default_to_the_documented_uid_range() {
         use crate::backend::process::{DEFAULT_RUN_UIDS, UidRange};
         let default = Args::try_parse_from(BASE).unwrap();

@@ -584,3 +584,26 @@ async fn a_spoke_whose_fence_after_is_not_below_the_worker_lost_timeout_is_refus
         tail(&hub.log(), 20)
     );
 }
+
+#[test]
+fn trainhub_dev_refuses_local_spokes_that_would_not_fence_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_trainhub"))
+        .args(["dev", "--data-dir"])
+        .arg(dir.path())
+        .args(["--api-port", "0", "--spokes", "1"])
+        .args(["--worker-lost-timeout-seconds", "10"])
+        .args(["--spoke-fence-after-seconds", "10"])
+        .env("TRAINHUB_PLUGIN_CACHE_DIR", crate::common::plugin_cache())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--spoke-fence-after-seconds")
+            && stderr.contains("fence_after_ms 10000")
+            && stderr.contains("worker-lost timeout (10000 ms)"),
+        "{stderr}"
+    );
+}
