@@ -167,6 +167,20 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(backend: Arc<dyn Backend>) -> Arc<Self> {
+        Arc::new(Shared {
+            backend,
+            current: Mutex::new(None),
+            seq: Mutex::new(HashMap::new()),
+            log_tasks: Mutex::new(HashMap::new()),
+            run_spans: Mutex::new(HashMap::new()),
+            heard: Mutex::new(Instant::now()),
+            fencings: tokio::sync::watch::channel(0).0,
+            lost: Mutex::new(BTreeMap::new()),
+            reserved_at: Mutex::new(HashMap::new()),
+        })
+    }
+
     fn report_message(&self, report: &RunReport) -> pb::SpokeMessage {
         if report.events.len() > MAX_EVENTS_PER_REPORT {
             tracing::warn!(
@@ -301,17 +315,7 @@ pub async fn run(
     mut reports: mpsc::UnboundedReceiver<RunReport>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let shared = Arc::new(Shared {
-        backend,
-        current: Mutex::new(None),
-        seq: Mutex::new(HashMap::new()),
-        log_tasks: Mutex::new(HashMap::new()),
-        run_spans: Mutex::new(HashMap::new()),
-        heard: Mutex::new(Instant::now()),
-        fencings: tokio::sync::watch::channel(0).0,
-        lost: Mutex::new(BTreeMap::new()),
-        reserved_at: Mutex::new(HashMap::new()),
-    });
+    let shared = Shared::new(backend);
     /// Ends the log streams being served when the agent goes away.
     struct EndLogs(Arc<Shared>);
     impl Drop for EndLogs {
@@ -783,5 +787,100 @@ fn failed_report(key: RunKey, error: &BackendError) -> RunReport {
         pods: Vec::new(),
         finished: true,
         events: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::SimBackend;
+
+    fn sim() -> Arc<SimBackend> {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        SimBackend::new(
+            [("cpu".to_string(), 4000)].into(),
+            Duration::from_secs(3600),
+            tx,
+            None,
+        )
+    }
+
+    fn key(run: &str) -> RunKey {
+        RunKey {
+            run_id: run.into(),
+            generation: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_silent_hub_fences_the_runs_once_and_the_hello_says_they_are_lost() {
+        let backend = sim();
+        let shared = Shared::new(backend.clone());
+        let jobset = serde_json::json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "j"}, "spec": {"replicatedJobs": []}});
+        backend
+            .start(RunSpec {
+                key: key("r"),
+                namespace: "ns".into(),
+                name: "j".into(),
+                trainjob_uid: "r".into(),
+                objects: vec![jobset],
+                extra_env: Vec::new(),
+            })
+            .await
+            .unwrap();
+        let mut fencings = shared.fencings.subscribe();
+        let mut fenced_for = None;
+        // Heard recently: nothing happens.
+        shared
+            .fence_if_silent(Duration::from_secs(60), &mut fenced_for)
+            .await;
+        assert_eq!(backend.runs().len(), 1);
+        assert!(!fencings.has_changed().unwrap());
+        // Silent for longer than fence-after: stopped, lost, session ended.
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(5)).unwrap();
+        *lock(&shared.heard) = long_ago;
+        shared
+            .fence_if_silent(Duration::from_secs(1), &mut fenced_for)
+            .await;
+        assert!(backend.runs().is_empty(), "the backend stopped the run");
+        assert!(fencings.has_changed().unwrap());
+        fencings.mark_unchanged();
+        let held = shared.held();
+        assert_eq!(held.len(), 1);
+        assert_eq!(
+            (
+                held[0].run_id.as_str(),
+                held[0].lost,
+                held[0].reason.as_str()
+            ),
+            ("r", true, LOST_FENCED)
+        );
+        // Once per silence.
+        shared
+            .fence_if_silent(Duration::from_secs(1), &mut fenced_for)
+            .await;
+        assert!(!fencings.has_changed().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_reservation_expires_on_the_spoke_after_its_ttl() {
+        let backend = sim();
+        let shared = Shared::new(backend.clone());
+        let gang = [PodSetRequest {
+            name: "node".into(),
+            count: 1,
+            requests_milli: [("cpu".to_string(), 1000)].into(),
+        }];
+        backend.admit(&key("r"), &gang).unwrap();
+        shared.expire_reservations(Duration::from_secs(3600));
+        assert_eq!(backend.reservations(), vec![key("r")]);
+        shared.expire_reservations(Duration::ZERO);
+        assert!(backend.reservations().is_empty());
+        assert_eq!(
+            backend.capacity()[0].free_milli,
+            4000,
+            "its capacity is back"
+        );
     }
 }
