@@ -134,6 +134,9 @@ pub struct ProcessConfig {
 /// Runs pods as local processes. See the [module documentation](self).
 pub struct ProcessBackend {
     shared: Arc<Shared>,
+    /// Held by a start until its run is in `runs`: a Start the hub sends
+    /// again meanwhile finds it there, and never rewrites its record.
+    starting: tokio::sync::Mutex<()>,
 }
 
 /// What the backend and its run tasks share.
@@ -351,6 +354,7 @@ impl ProcessBackend {
         let ledger = Ledger::new(config.capacity.clone());
         let runs = recover(&config.work_dir, &sandbox);
         Ok(Arc::new(Self {
+            starting: tokio::sync::Mutex::new(()),
             shared: Arc::new(Shared {
                 config,
                 sandbox,
@@ -538,6 +542,7 @@ impl Backend for ProcessBackend {
 
     fn start(&self, spec: RunSpec) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
+            let _starting = self.starting.lock().await;
             if self.shared.lock().runs.contains_key(&spec.key) {
                 return Ok(());
             }
@@ -586,7 +591,6 @@ impl Backend for ProcessBackend {
             {
                 let mut inner = self.shared.lock();
                 if inner.runs.contains_key(&spec.key) {
-                    // Started meanwhile: that start wrote the same record.
                     return Ok(());
                 }
                 let admitted = (|| {
