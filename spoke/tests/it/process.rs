@@ -18,6 +18,44 @@ struct Harness {
     /// Reports received while waiting for another run's.
     held: VecDeque<RunReport>,
     dir: tempfile::TempDir,
+    /// Where the backend's runs are started, when not the test's runtime.
+    own: Option<OwnRuntime>,
+}
+
+/// A runtime of its own, on a thread, for the runs of a backend whose agent
+/// the test kills: `kill` stops driving it for good, so none of its tasks
+/// runs again and nothing of it is dropped, as SIGKILL leaves an agent.
+struct OwnRuntime {
+    handle: tokio::runtime::Handle,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl OwnRuntime {
+    fn new() -> OwnRuntime {
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            handle_tx.send(runtime.handle().clone()).unwrap();
+            let _ = runtime.block_on(killed);
+            loop {
+                std::thread::park();
+            }
+        });
+        OwnRuntime {
+            handle: handle_rx.recv().unwrap(),
+            kill: Some(kill),
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+    }
 }
 
 fn harness(capacity: &[(&str, i64)]) -> Harness {
@@ -55,10 +93,24 @@ fn harness_with(
         reports,
         held: VecDeque::new(),
         dir,
+        own: None,
     }
 }
 
 impl Harness {
+    /// Starts a run, on the backend's own runtime if it has one.
+    async fn start(&self, spec: RunSpec) -> Result<(), BackendError> {
+        let backend = self.backend.clone();
+        match &self.own {
+            Some(own) => own
+                .handle
+                .spawn(async move { backend.start(spec).await })
+                .await
+                .unwrap(),
+            None => backend.start(spec).await,
+        }
+    }
+
     /// The first report of `key` that satisfies `done`, within the deadline.
     async fn wait_for(
         &mut self,
@@ -1097,9 +1149,13 @@ async fn the_groups_of_a_killed_spoke_are_cleaned_up_at_the_next_start() {
 }
 
 /// A second backend over the same work directory, as a restarted agent
-/// makes (the first is forgotten, not dropped: an agent killed with SIGKILL
-/// runs no clean-up).
+/// makes. The first is killed as SIGKILL kills an agent: its runtime is no
+/// longer driven and it is forgotten, not dropped (no clean-up runs).
 fn restart(h: &mut Harness) -> Arc<ProcessBackend> {
+    if let Some(own) = h.own.as_mut() {
+        own.kill();
+    }
+    h.own = Some(OwnRuntime::new());
     let (tx, reports) = unbounded_channel();
     let backend = ProcessBackend::new(
         ProcessConfig {
@@ -1139,7 +1195,7 @@ async fn start_sleeper(h: &mut Harness, run: &str, generation: i64) -> u32 {
     let mut spec = run_spec(run, "s", vec![js]);
     spec.key.generation = generation;
     let k = spec.key.clone();
-    h.backend.start(spec).await.unwrap();
+    h.start(spec).await.unwrap();
     let running = h
         .wait_for(&k, "a running pod", |r| phases(r) == ["Running"])
         .await;
@@ -1155,6 +1211,7 @@ async fn start_sleeper(h: &mut Harness, run: &str, generation: i64) -> u32 {
 async fn a_restarted_backend_kills_the_orphans_and_reports_the_run_lost() {
     use trainhub_spoke::backend::{HeldRun, LOST_SPOKE_RESTARTED};
     let mut h = harness(&[("cpu", 1000)]);
+    h.own = Some(OwnRuntime::new());
     let orphan = start_sleeper(&mut h, "orphaned", 1).await;
     assert!(alive(orphan));
 
@@ -1177,10 +1234,7 @@ async fn a_restarted_backend_kills_the_orphans_and_reports_the_run_lost() {
         "s",
         json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
     );
-    backend
-        .start(run_spec("orphaned", "s", vec![js]))
-        .await
-        .unwrap();
+    h.start(run_spec("orphaned", "s", vec![js])).await.unwrap();
     assert_eq!(backend.runs(), lost, "not started again");
     assert_eq!(backend.report(&key("orphaned")), None);
 
