@@ -279,10 +279,16 @@ impl Shared {
                 "FENCED: nothing heard from the hub for longer than --fence-after-seconds; the run is stopped and reported lost, and the hub places it again"
             );
         }
-        tracing::error!(
-            runs = stopped.len(),
-            "fenced: nothing heard from the hub for {fence_after:?}; still reconnecting"
-        );
+        if stopped.is_empty() {
+            tracing::warn!(
+                "nothing heard from the hub for {fence_after:?}; no run to fence; still reconnecting"
+            );
+        } else {
+            tracing::error!(
+                runs = stopped.len(),
+                "fenced: nothing heard from the hub for {fence_after:?}; still reconnecting"
+            );
+        }
         self.fencings.send_modify(|n| *n += 1);
     }
 
