@@ -47,6 +47,12 @@ pub struct DevArgs {
     pub apply: Vec<PathBuf>,
     #[command(flatten)]
     pub dispatch: crate::dispatch::DispatchArgs,
+    /// The local spokes stop their runs (fence themselves) when they have
+    /// heard nothing from the hub for this many seconds (default: two
+    /// thirds of --worker-lost-timeout-seconds); must be strictly less than
+    /// --worker-lost-timeout-seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub spoke_fence_after_seconds: Option<f64>,
     /// Events are removed this long after their last write (kube-apiserver's
     /// `--event-ttl`; Go duration syntax; 0 keeps them).
     #[arg(long, default_value = "1h0m0s", value_parser = crate::controller::events::parse_go_duration)]
@@ -132,6 +138,23 @@ pub async fn run(
         ));
     }
     let capacity = trainhub_spoke::cli::parse_capacity(&args.spoke_capacity)?;
+    let worker_lost_ms = args
+        .dispatch
+        .worker_lost_timeout_seconds
+        .saturating_mul(1000);
+    let fence_after = match args.spoke_fence_after_seconds {
+        Some(s) if s.is_finite() && s > 0.0 => std::time::Duration::from_secs_f64(s),
+        Some(s) => anyhow::bail!("--spoke-fence-after-seconds {s}: must be more than 0"),
+        None => std::time::Duration::from_millis(worker_lost_ms / 3 * 2),
+    };
+    crate::dispatch::check_fence_after(
+        i64::try_from(fence_after.as_millis()).unwrap_or(i64::MAX),
+        worker_lost_ms,
+    )
+    .map_err(|rule| anyhow::anyhow!("the local spokes' --spoke-fence-after-seconds: {rule}"))?;
+    // The hub answers heartbeats: a local spoke hears from it at least
+    // this often while connected.
+    let heartbeat = std::time::Duration::from_secs(1).min(fence_after / 3);
     let mut to_apply = Vec::new();
     for file in &args.apply {
         let text =
@@ -179,7 +202,8 @@ pub async fn run(
                 for (name, issued, files) in spokes {
                     let work_dir = spokes_dir.join(&name);
                     let config = trainhub_spoke::agent::AgentConfig {
-                        heartbeat: std::time::Duration::from_secs(1),
+                        heartbeat,
+                        fence_after,
                         labels: [("trainhub.kubeflow.org/spoke".to_string(), name.clone())].into(),
                         cert_files: Some(files),
                         ..trainhub_spoke::agent::AgentConfig::new(

@@ -17,6 +17,15 @@
 //! message sizes both ways and the collections in a message
 //! ([`trainhub_proto::limits`]). One live session per spoke: a newer one
 //! replaces (and closes) the older.
+//!
+//! # Liveness
+//!
+//! A hello whose `fence_after_ms` is not strictly shorter than the hub's
+//! worker-lost timeout is refused (FailedPrecondition). The hub answers
+//! every heartbeat; a session from which nothing has arrived for
+//! [`Dispatch::spoke_silence`] is ended and counts as a disconnect, so a
+//! half-open connection (a partition that closes no socket) starts the
+//! worker-lost timer.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -212,9 +221,14 @@ impl pb::spoke_server::Spoke for SpokeService {
         let Some(pb::spoke_message::Message::Hello(hello)) = hello_message.message else {
             return Err(Status::internal("the hello went missing"));
         };
+        if let Err(rule) = self.dispatch.check_hello(&hello) {
+            tracing::warn!(spoke = %name, refused = %rule, "refused a session");
+            return Err(Status::failed_precondition(rule));
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let (close_tx, close_rx) = watch::channel(None);
         let backend = hello.backend.clone();
+        let (silent_tx, silent_rx) = watch::channel(None);
         let id = self.dispatch.connect(&name, hello, tx, close_tx);
         registry.started(&name, id, cert.clone(), &backend);
         // Revoked while this session was being set up: ended at once.
@@ -222,12 +236,24 @@ impl pb::spoke_server::Spoke for SpokeService {
             self.dispatch.close_session(&name, &refusal);
         }
         let dispatch = self.dispatch.clone();
+        let silence = dispatch.spoke_silence();
         let ended = closed(close_rx.clone(), self.stopping.clone());
         tokio::spawn(async move {
             tokio::pin!(ended);
             loop {
                 let message = tokio::select! {
-                    m = inbound.message() => m,
+                    m = tokio::time::timeout(silence, inbound.message()) => match m {
+                        Ok(m) => m,
+                        Err(_) => {
+                            let reason = format!(
+                                "nothing arrived from spoke {name:?} for {}s (--spoke-silence-seconds): session ended",
+                                silence.as_secs_f64()
+                            );
+                            tracing::warn!(spoke = %name, "{reason}");
+                            let _ = silent_tx.send(Some(reason));
+                            break;
+                        }
+                    },
                     _ = &mut ended => break,
                 };
                 match message {
@@ -254,6 +280,22 @@ impl pb::spoke_server::Spoke for SpokeService {
         // The hub's messages until the session is closed; a replaced
         // session ends with the reason.
         let ended = closed(close_rx, self.stopping.clone());
+        let ended = async move {
+            let mut silent_rx = silent_rx;
+            let silent = async move {
+                let reason = silent_rx.wait_for(Option::is_some).await.map(|r| r.clone());
+                match reason {
+                    Ok(reason) => reason,
+                    // The session ended otherwise.
+                    Err(_) => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                reason = ended => reason,
+                reason = silent => reason,
+            }
+        };
         let outbound =
             futures_util::stream::unfold(Some((rx, Box::pin(ended))), |state| async move {
                 let (mut rx, mut ended) = state?;

@@ -90,6 +90,17 @@ pub struct Args {
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 5)]
     pub heartbeat_seconds: u64,
+    /// Self-fencing: when nothing has been heard from the hub for this
+    /// many seconds, every run not finished is stopped and reported lost
+    /// (`Fenced`) on the next connect. Must be strictly less than the hub's
+    /// --worker-lost-timeout-seconds (the hub refuses the session
+    /// otherwise), with a margin for the time a message takes.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fence_after_seconds: u64,
+    /// An admitted offer neither started nor withdrawn by the hub is
+    /// released after this many seconds.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reservation_ttl_seconds: u64,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Serve `/metrics` (Prometheus), `/livez` and `/readyz` over plain
@@ -201,6 +212,8 @@ pub async fn run(args: Args) -> Result<()> {
         kueue_queue,
         field_manager,
         heartbeat_seconds,
+        fence_after_seconds,
+        reservation_ttl_seconds,
         log_format: _,
         http_address,
     } = args;
@@ -217,6 +230,13 @@ pub async fn run(args: Args) -> Result<()> {
     config.tls_server_name = tls_server_name;
     config.labels = parse_pairs("--label", &labels)?;
     config.heartbeat = Duration::from_secs(heartbeat_seconds.max(1));
+    config.fence_after = Duration::from_secs(fence_after_seconds);
+    config.reservation_ttl = Duration::from_secs(reservation_ttl_seconds);
+    if config.heartbeat >= config.fence_after {
+        bail!(
+            "--heartbeat-seconds {heartbeat_seconds} must be less than --fence-after-seconds {fence_after_seconds}: the hub answers heartbeats, and a spoke that hears nothing for fence-after stops its runs"
+        );
+    }
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend: Arc<dyn crate::backend::Backend> = match backend {
         BackendKind::Process => ProcessBackend::new(
@@ -356,6 +376,26 @@ mod tests {
         assert_eq!(args.field_manager, "trainspoke");
         let default = Args::try_parse_from(BASE).unwrap();
         assert_eq!(default.backend, BackendKind::Process);
+    }
+
+    #[test]
+    fn fencing_and_reservation_flags_default_to_the_documented_values() {
+        let default = Args::try_parse_from(BASE).unwrap();
+        assert_eq!(default.fence_after_seconds, 300);
+        assert_eq!(default.reservation_ttl_seconds, 120);
+        let args = Args::try_parse_from(BASE.iter().copied().chain([
+            "--fence-after-seconds",
+            "3",
+            "--reservation-ttl-seconds",
+            "10",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (args.fence_after_seconds, args.reservation_ttl_seconds),
+            (3, 10)
+        );
+        let zero = Args::try_parse_from(BASE.iter().copied().chain(["--fence-after-seconds", "0"]));
+        assert!(zero.is_err(), "fencing cannot be turned off");
     }
 
     #[test]

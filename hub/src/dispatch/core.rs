@@ -170,6 +170,13 @@ pub mod reason {
     pub const RESUMED: &str = "Resumed";
     /// Deleted: its run was stopped on its spoke.
     pub const STOPPING: &str = "Stopping";
+    /// Requeued: its spoke fenced itself (cut off from the hub for its
+    /// fence-after) and stopped the run.
+    pub const FENCED: &str = "Fenced";
+    /// Requeued: its spoke's agent restarted and killed the run it found.
+    pub const SPOKE_RESTARTED: &str = "SpokeRestarted";
+    /// Requeued: its spoke lost the run for another reason it gave.
+    pub const RUN_LOST: &str = "RunLost";
 }
 
 /// Something for the runner to do. Sends are best effort (a lost message is
@@ -218,6 +225,10 @@ pub enum Action {
         message: String,
     },
 }
+
+/// Why a spoke says a run is lost, as the protocol spells it.
+pub const LOST_FENCED: &str = "Fenced";
+pub const LOST_SPOKE_RESTARTED: &str = "SpokeRestarted";
 
 /// Whether a spoke's report about a run is taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1133,6 +1144,48 @@ impl Dispatcher {
         Verdict::Foreign
     }
 
+    /// A spoke says it stopped run `(run_id, generation)` without being
+    /// asked (`reason`: it fenced itself, or restarted and killed what it
+    /// found). If that is the TrainJob's current placement on this spoke,
+    /// the TrainJob is queued again at once under a new generation, as a
+    /// lost spoke's are; a lost run of any other generation or spoke
+    /// changes nothing. The lost run itself is then stale, and stopped
+    /// when the spoke lists it.
+    pub fn run_lost(
+        &mut self,
+        spoke: &str,
+        run_id: &str,
+        generation: i64,
+        reason: &str,
+        now: Millis,
+    ) -> Vec<Action> {
+        let Some(job) = self.by_uid.get(run_id).and_then(|k| self.jobs.get_mut(k)) else {
+            return Vec::new();
+        };
+        let placed_here = matches!(&job.phase, Phase::Placed { spoke: s } if s == spoke);
+        if !placed_here || job.generation != generation || job.info.want != Want::Run {
+            return Vec::new();
+        }
+        let key = job.info.key.clone();
+        let (why, message) = match reason {
+            LOST_FENCED => (
+                reason::FENCED,
+                format!("Requeued: spoke {spoke} fenced itself (it heard nothing from the hub for its fence-after) and stopped the run"),
+            ),
+            LOST_SPOKE_RESTARTED => (
+                reason::SPOKE_RESTARTED,
+                format!("Requeued: spoke {spoke} restarted and killed the run's processes"),
+            ),
+            other => (
+                reason::RUN_LOST,
+                format!("Requeued: spoke {spoke} lost the run ({other:.64})"),
+            ),
+        };
+        let mut actions = self.requeue(&key, why, message, now);
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+
     /// Time passes: lost spokes are given up (their runs requeued, the
     /// deleted TrainJobs waiting on them released), deletions waiting past
     /// `deletion_timeout` released, unanswered offers past `offer_timeout`
@@ -2021,6 +2074,60 @@ mod tests {
         assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
         assert_eq!(d.check_run("b", "uid-j", 2), Verdict::Accept(key("j")));
         assert_eq!(d.check_run("a", "uid-j", 2), Verdict::Foreign);
+    }
+
+    #[test]
+    fn a_run_the_spoke_lost_is_requeued_at_once_and_an_older_one_changes_nothing() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        connect(&mut d, "b", json!({}), 8000);
+        // Another spoke, or a generation that is not the placement's: nothing.
+        assert!(d.run_lost("b", "uid-j", 1, LOST_FENCED, 10).is_empty());
+        assert!(d.run_lost("a", "uid-j", 0, LOST_FENCED, 10).is_empty());
+        assert!(d.run_lost("a", "uid-other", 1, LOST_FENCED, 10).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("a", 1)));
+        // The placement's run: requeued under generation 2 with the reason,
+        // and offered again (a, which restarted, too), without waiting for
+        // the worker-lost timeout.
+        d.spoke_disconnected("a", 20);
+        connect(&mut d, "a", json!({}), 8000);
+        let actions = d.run_lost("a", "uid-j", 1, LOST_SPOKE_RESTARTED, 30);
+        assert_eq!(
+            actions[..2],
+            [
+                Action::Commit {
+                    job: key("j"),
+                    placement: Placement {
+                        spoke: None,
+                        generation: 2
+                    }
+                },
+                Action::Event {
+                    job: key("j"),
+                    uid: "uid-j".into(),
+                    warning: true,
+                    reason: reason::SPOKE_RESTARTED,
+                    message: "Requeued: spoke a restarted and killed the run's processes".into(),
+                }
+            ]
+        );
+        let mut offered = offers(&actions);
+        offered.sort();
+        assert_eq!(
+            offered,
+            vec![("a".into(), "j".into(), 2), ("b".into(), "j".into(), 2)]
+        );
+        // Said again (a second hello): the run is now stale, nothing more.
+        assert!(
+            d.run_lost("a", "uid-j", 1, LOST_SPOKE_RESTARTED, 40)
+                .is_empty()
+        );
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+        place(&mut d, "j", "b");
+        assert!(d.run_lost("a", "uid-j", 1, LOST_FENCED, 50).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("b", 2)));
     }
 
     #[test]

@@ -69,6 +69,10 @@ pub struct DispatchConfig {
     pub core: core::Config,
     /// How often time-driven decisions are taken.
     pub tick: Duration,
+    /// A session from which nothing has arrived for this long is ended (a
+    /// disconnect: the worker-lost timer starts), so a half-open
+    /// connection (a partition) is noticed.
+    pub spoke_silence: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -76,8 +80,27 @@ impl Default for DispatchConfig {
         DispatchConfig {
             core: core::Config::default(),
             tick: Duration::from_secs(1),
+            spoke_silence: Duration::from_secs(30),
         }
     }
+}
+
+/// The nesting of timers that keeps a run from running twice: a spoke's
+/// fence-after (after which it stops its runs) must be set and strictly
+/// shorter than the hub's worker-lost timeout (after which the hub places
+/// them elsewhere).
+///
+/// # Errors
+///
+/// The rule broken, naming both values.
+pub fn check_fence_after(fence_after_ms: i64, worker_lost_timeout_ms: u64) -> Result<(), String> {
+    let lost = i64::try_from(worker_lost_timeout_ms).unwrap_or(i64::MAX);
+    if fence_after_ms <= 0 || fence_after_ms >= lost {
+        return Err(format!(
+            "fence_after_ms {fence_after_ms} of the spoke must be more than 0 and strictly less than the hub's worker-lost timeout ({lost} ms): a spoke cut off from the hub must stop its runs before the hub places them elsewhere; set trainspoke --fence-after-seconds below the hub's --worker-lost-timeout-seconds"
+        ));
+    }
+    Ok(())
 }
 
 /// Dispatch flags of `trainhub serve` and `trainhub dev`.
@@ -109,6 +132,11 @@ pub struct DispatchArgs {
     /// 0 offers to every eligible spoke.
     #[arg(long, default_value_t = 0)]
     pub dispatch_fanout: usize,
+    /// A spoke session from which nothing (not even a heartbeat) has
+    /// arrived for this many seconds is ended and counts as a disconnect,
+    /// so a half-open connection starts the worker-lost timer.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub spoke_silence_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -127,6 +155,7 @@ impl DispatchArgs {
             offer_timeout_seconds,
             deletion_timeout_seconds,
             dispatch_fanout,
+            spoke_silence_seconds,
         } = self;
         let mode = match dispatch_mode {
             ModeArg::AllAtOnce => core::Mode::AllAtOnce,
@@ -152,6 +181,7 @@ impl DispatchArgs {
             },
             // Tick often enough for short (test-sized) timeouts.
             tick: Duration::from_millis((shortest / 4).clamp(100, 1000)),
+            spoke_silence: Duration::from_secs(*spoke_silence_seconds),
         }
     }
 }
@@ -1196,6 +1226,26 @@ impl Dispatch {
 
     // ------------------------------------------------------------ sessions
 
+    /// How long a session may stay silent before it is ended.
+    pub fn spoke_silence(&self) -> Duration {
+        self.config.spoke_silence
+    }
+
+    /// Whether a spoke's hello may open a session: its fence-after must be
+    /// set and strictly shorter than the worker-lost timeout, so that a
+    /// spoke cut off from the hub stops its runs before the hub places
+    /// them elsewhere.
+    ///
+    /// # Errors
+    ///
+    /// The rule broken, naming both values (a FailedPrecondition).
+    pub fn check_hello(&self, hello: &pb::Hello) -> Result<(), String> {
+        check_fence_after(
+            hello.fence_after_ms,
+            self.config.core.worker_lost_timeout_ms,
+        )
+    }
+
     /// A spoke said hello on a new stream. Returns the session id that its
     /// later calls carry.
     ///
@@ -1246,6 +1296,17 @@ impl Dispatch {
             )));
             self.end_logs(spoke, old.id, "the spoke's session was replaced");
             let actions = lock(&self.state).spoke_disconnected(spoke, self.now());
+            self.execute(actions);
+        }
+        for lost in hello.runs.iter().filter(|r| r.lost) {
+            tracing::warn!(spoke, run = %lost.run_id, generation = lost.generation, reason = %lost.reason, "the spoke reports a run lost");
+            let actions = lock(&self.state).run_lost(
+                spoke,
+                &lost.run_id,
+                lost.generation,
+                &lost.reason,
+                self.now(),
+            );
             self.execute(actions);
         }
         let held: Vec<(String, i64)> = hello
@@ -1308,6 +1369,17 @@ impl Dispatch {
                 tracing::warn!(spoke, "second hello on one stream ignored");
             }
             Message::Heartbeat(hb) => {
+                // The spoke's proof that the hub hears it (it fences itself
+                // when these stop).
+                self.send(
+                    spoke,
+                    pb::hub_message::Message::HeartbeatAck(pb::HeartbeatAck {
+                        worker_lost_timeout_ms: i64::try_from(
+                            self.config.core.worker_lost_timeout_ms,
+                        )
+                        .unwrap_or(i64::MAX),
+                    }),
+                );
                 let capacity = capacity_of(&hb.capacity);
                 self.observe.spoke_seen(spoke, &capacity, false);
                 if let Some(s) = lock(&self.sessions).get_mut(spoke) {

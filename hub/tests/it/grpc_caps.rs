@@ -92,6 +92,7 @@ async fn session(
     tx.send(pb::SpokeMessage {
         message: Some(pb::spoke_message::Message::Hello(pb::Hello {
             backend: "test".into(),
+            fence_after_ms: 60_000,
             ..Default::default()
         })),
     })

@@ -1,4 +1,5 @@
 //! Fault tests: real hub and spoke processes over real gRPC, one file per area.
 
+mod exactly_once;
 mod hubd;
 mod spokes;
