@@ -357,6 +357,8 @@ fn start_spoke(pki: &Path, work: &Path, name: &str, grpc: u16) -> ExternalSpoke 
         .arg("--work-dir")
         .arg(work.join(name))
         .args(["--heartbeat-seconds", "1", "--run-as-user", "none"])
+        // Below the hub's 3 s worker-lost timeout, as the hub requires.
+        .args(["--fence-after-seconds", "2"])
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
