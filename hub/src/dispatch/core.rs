@@ -1170,7 +1170,9 @@ impl Dispatcher {
         let (why, message) = match reason {
             LOST_FENCED => (
                 reason::FENCED,
-                format!("Requeued: spoke {spoke} fenced itself (it heard nothing from the hub for its fence-after) and stopped the run"),
+                format!(
+                    "Requeued: spoke {spoke} fenced itself (it heard nothing from the hub for its fence-after) and stopped the run"
+                ),
             ),
             LOST_SPOKE_RESTARTED => (
                 reason::SPOKE_RESTARTED,
