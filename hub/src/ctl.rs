@@ -26,6 +26,39 @@ pub enum Command {
     /// mutual TLS.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Cordon, uncordon and drain spokes (admins; through the hub's API,
+    /// with the kubeconfig kubectl uses).
+    #[command(subcommand)]
+    Spoke(SpokeCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SpokeCommand {
+    /// Mark the spoke unschedulable: no new TrainJobs go to it; those
+    /// running on it go on.
+    Cordon(SpokeTarget),
+    /// Mark the spoke schedulable again.
+    Uncordon(SpokeTarget),
+    /// Cordon the spoke, then wait until no TrainJob runs on it, as
+    /// `kubectl drain` does: running TrainJobs finish where they are (none
+    /// is moved; suspend and resume one to requeue it now).
+    Drain {
+        #[command(flatten)]
+        target: SpokeTarget,
+        /// Give up after this long (e.g. `90s`, `10m`; `0s`: wait for ever),
+        /// failing with the TrainJobs still running there.
+        #[arg(long, default_value = "0s", value_parser = crate::controller::events::parse_go_duration)]
+        timeout: std::time::Duration,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct SpokeTarget {
+    /// The Spoke (the spoke's name).
+    pub name: String,
+    /// The kubeconfig to use (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -46,6 +79,9 @@ pub enum CertsCommand {
         /// IP addresses (repeatable).
         #[arg(long = "ip")]
         ips: Vec<std::net::IpAddr>,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = trainhub_apiserver::pki::LEAF_VALIDITY_DAYS)]
+        days: i64,
     },
     /// Issue a spoke's client certificate (`NAME.crt`, `NAME.key`); NAME,
     /// its Subject CN, is the spoke's name at the hub.
@@ -53,6 +89,24 @@ pub enum CertsCommand {
         name: String,
         #[arg(long, default_value = "pki")]
         dir: PathBuf,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = crate::spokes::DEFAULT_CERT_DAYS)]
+        days: i64,
+    },
+    /// Issue again, from the CA, the certificates `NAME.crt` of DIR (`hub`,
+    /// spoke names) with a new key, same subject and names, into the same
+    /// files. A running hub and its spokes pick the new files up without
+    /// a restart.
+    Renew {
+        /// `hub` or spoke names (repeatable).
+        #[arg(required = true)]
+        names: Vec<String>,
+        #[arg(long, default_value = "pki")]
+        dir: PathBuf,
+        /// Days the new certificates are valid (default: 365 for the hub's,
+        /// 30 for a spoke's).
+        #[arg(long)]
+        days: Option<i64>,
     },
 }
 
@@ -88,6 +142,7 @@ pub fn run(args: Args) -> ExitCode {
     let result = match command {
         Command::Render(args) => render_command(args),
         Command::Certs(command) => certs_command(command),
+        Command::Spoke(command) => spoke_command(command),
     };
     match result {
         Ok(code) => code,
@@ -110,17 +165,48 @@ fn certs_command(command: CertsCommand) -> anyhow::Result<ExitCode> {
             dir,
             dns_names,
             ips,
+            days,
         } => {
             let pki = PemDir::new(&dir);
             let ca = pki
                 .read_ca()
                 .context("no CA: run `trainctl certs init` first")?;
             let names: Vec<&str> = dns_names.iter().map(String::as_str).collect();
-            let issued = ca.issue_server("trainhub", &names, &ips)?;
+            let issued = ca.issue_server_for("trainhub", &names, &ips, days)?;
             pki.write("hub", &issued)?;
             println!("hub certificate in {}", pki.cert_path("hub").display());
         }
-        CertsCommand::Spoke { name, dir } => {
+        CertsCommand::Renew { names, dir, days } => {
+            let pki = PemDir::new(&dir);
+            let ca = pki
+                .read_ca()
+                .context("no CA: run `trainctl certs init` first")?;
+            for name in names {
+                let old = pki.read(&name).with_context(|| {
+                    format!("{name}: no certificate to renew in {}", dir.display())
+                })?;
+                let info = trainhub_apiserver::pki::CertInfo::from_pem(&old.cert_pem)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+                let days = days.unwrap_or(if info.server {
+                    trainhub_apiserver::pki::LEAF_VALIDITY_DAYS
+                } else {
+                    crate::spokes::DEFAULT_CERT_DAYS
+                });
+                let issued = ca.renew(&old.cert_pem, days)?;
+                let new = trainhub_apiserver::pki::CertInfo::from_pem(&issued.cert_pem)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+                pki.write(&name, &issued)?;
+                println!(
+                    "{name}: renewed in {} (serial {}, valid until {})",
+                    pki.cert_path(&name).display(),
+                    new.serial,
+                    jiff::Timestamp::from_second(new.not_after)
+                        .map(|t| t.to_string())
+                        .unwrap_or_default()
+                );
+            }
+        }
+        CertsCommand::Spoke { name, dir, days } => {
             if !crate::grpc::is_dns_label(&name) {
                 anyhow::bail!(
                     "spoke name {name:?}: must be a DNS-1123 label (lowercase letters, digits and '-', at most 63)"
@@ -130,12 +216,108 @@ fn certs_command(command: CertsCommand) -> anyhow::Result<ExitCode> {
             let ca = pki
                 .read_ca()
                 .context("no CA: run `trainctl certs init` first")?;
-            let issued = ca.issue_client(&name, &[crate::grpc::SPOKE_GROUP])?;
+            let issued = ca.issue_client_for(&name, &[crate::grpc::SPOKE_GROUP], days)?;
             pki.write(&name, &issued)?;
             println!("spoke certificate in {}", pki.cert_path(&name).display());
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn spoke_command(command: SpokeCommand) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async move {
+        match command {
+            SpokeCommand::Cordon(target) => {
+                let api = spokes_api(target.kubeconfig.as_deref()).await?;
+                set_unschedulable(&api, &target.name, true).await?;
+                println!("spoke/{} cordoned", target.name);
+            }
+            SpokeCommand::Uncordon(target) => {
+                let api = spokes_api(target.kubeconfig.as_deref()).await?;
+                set_unschedulable(&api, &target.name, false).await?;
+                println!("spoke/{} uncordoned", target.name);
+            }
+            SpokeCommand::Drain { target, timeout } => {
+                let api = spokes_api(target.kubeconfig.as_deref()).await?;
+                set_unschedulable(&api, &target.name, true).await?;
+                println!("spoke/{} cordoned", target.name);
+                let started = std::time::Instant::now();
+                let mut last = None;
+                loop {
+                    let spoke = api.get(&target.name).await.with_context(|| {
+                        format!("reading spoke/{}", target.name)
+                    })?;
+                    let running = spoke.data["status"]["running"].as_i64().unwrap_or(0);
+                    if running == 0 {
+                        println!("spoke/{} drained", target.name);
+                        break;
+                    }
+                    if last != Some(running) {
+                        println!(
+                            "waiting for {running} TrainJob(s) running on spoke/{} to finish",
+                            target.name
+                        );
+                        last = Some(running);
+                    }
+                    if !timeout.is_zero() && started.elapsed() >= timeout {
+                        anyhow::bail!(
+                            "spoke/{}: {running} TrainJob(s) still running after {timeout:?}; it stays cordoned",
+                            target.name
+                        );
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The hub's Spokes, through the kubeconfig (`path`, else kubectl's).
+async fn spokes_api(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<kube::Api<kube::core::DynamicObject>> {
+    let config = match path {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("the kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding the hub (no --kubeconfig, no $KUBECONFIG, no ~/.kube/config)")?,
+    };
+    let client = kube::Client::try_from(config).context("making the API client")?;
+    let resource = kube::core::ApiResource {
+        group: crate::spokes::GROUP.into(),
+        version: "v1alpha1".into(),
+        api_version: crate::spokes::API_VERSION.into(),
+        kind: crate::spokes::KIND.into(),
+        plural: "spokes".into(),
+    };
+    Ok(kube::Api::all_with(client, &resource))
+}
+
+async fn set_unschedulable(
+    api: &kube::Api<kube::core::DynamicObject>,
+    name: &str,
+    unschedulable: bool,
+) -> anyhow::Result<()> {
+    let patch = serde_json::json!({"spec": {"unschedulable": unschedulable}});
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .with_context(|| format!("patching spoke/{name}"))?;
+    Ok(())
 }
 
 fn render_command(args: RenderArgs) -> anyhow::Result<ExitCode> {

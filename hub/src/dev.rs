@@ -47,6 +47,12 @@ pub struct DevArgs {
     pub apply: Vec<PathBuf>,
     #[command(flatten)]
     pub dispatch: crate::dispatch::DispatchArgs,
+    /// The local spokes stop their runs (fence themselves) when they have
+    /// heard nothing from the hub for this many seconds (default: two
+    /// thirds of --worker-lost-timeout-seconds); must be strictly less than
+    /// --worker-lost-timeout-seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub spoke_fence_after_seconds: Option<f64>,
     /// Events are removed this long after their last write (kube-apiserver's
     /// `--event-ttl`; Go duration syntax; 0 keeps them).
     #[arg(long, default_value = "1h0m0s", value_parser = crate::controller::events::parse_go_duration)]
@@ -101,12 +107,54 @@ pub async fn run(
     let mut spokes = Vec::new();
     for i in 1..=args.spokes {
         let name = format!("spoke-{i}");
-        if !pki.contains(&name) {
-            pki.write(&name, &ca.issue_client(&name, &[crate::grpc::SPOKE_GROUP])?)?;
+        // Issued for DEFAULT_CERT_DAYS, and again when it expires within
+        // the warning window (or cannot be read).
+        let expiring = pki
+            .read(&name)
+            .ok()
+            .and_then(|i| trainhub_apiserver::pki::CertInfo::from_pem(&i.cert_pem).ok())
+            .is_none_or(|c| {
+                c.not_after - jiff::Timestamp::now().as_second()
+                    < crate::spokes::EXPIRY_WARNING.as_secs() as i64
+            });
+        if expiring {
+            pki.write(
+                &name,
+                &ca.issue_client_for(
+                    &name,
+                    &[crate::grpc::SPOKE_GROUP],
+                    crate::spokes::DEFAULT_CERT_DAYS,
+                )?,
+            )?;
         }
-        spokes.push((name.clone(), pki.read(&name)?));
+        spokes.push((
+            name.clone(),
+            pki.read(&name)?,
+            trainhub_spoke::certs::CertFiles {
+                cert: pki.cert_path(&name),
+                key: pki.key_path(&name),
+                ca: pki.cert_path("ca"),
+            },
+        ));
     }
     let capacity = trainhub_spoke::cli::parse_capacity(&args.spoke_capacity)?;
+    let worker_lost_ms = args
+        .dispatch
+        .worker_lost_timeout_seconds
+        .saturating_mul(1000);
+    let fence_after = match args.spoke_fence_after_seconds {
+        Some(s) if s.is_finite() && s > 0.0 => std::time::Duration::from_secs_f64(s),
+        Some(s) => anyhow::bail!("--spoke-fence-after-seconds {s}: must be more than 0"),
+        None => std::time::Duration::from_millis(worker_lost_ms / 3 * 2),
+    };
+    crate::dispatch::check_fence_after(
+        i64::try_from(fence_after.as_millis()).unwrap_or(i64::MAX),
+        worker_lost_ms,
+    )
+    .map_err(|rule| anyhow::anyhow!("the local spokes' --spoke-fence-after-seconds: {rule}"))?;
+    // The hub answers heartbeats: a local spoke hears from it at least
+    // this often while connected.
+    let heartbeat = std::time::Duration::from_secs(1).min(fence_after / 3);
     let mut to_apply = Vec::new();
     for file in &args.apply {
         let text =
@@ -151,11 +199,13 @@ pub async fn run(
         |addrs| {
             let addr = addrs.api;
             if let Some(grpc) = addrs.grpc {
-                for (name, issued) in spokes {
+                for (name, issued, files) in spokes {
                     let work_dir = spokes_dir.join(&name);
                     let config = trainhub_spoke::agent::AgentConfig {
-                        heartbeat: std::time::Duration::from_secs(1),
+                        heartbeat,
+                        fence_after,
                         labels: [("trainhub.kubeflow.org/spoke".to_string(), name.clone())].into(),
+                        cert_files: Some(files),
                         ..trainhub_spoke::agent::AgentConfig::new(
                             format!("https://{grpc}"),
                             ca_pem.clone(),

@@ -17,6 +17,15 @@
 //! message sizes both ways and the collections in a message
 //! ([`trainhub_proto::limits`]). One live session per spoke: a newer one
 //! replaces (and closes) the older.
+//!
+//! # Liveness
+//!
+//! A hello whose `fence_after_ms` is not strictly shorter than the hub's
+//! worker-lost timeout is refused (FailedPrecondition). The hub answers
+//! every heartbeat; a session from which nothing has arrived for
+//! [`Dispatch::spoke_silence`] is ended and counts as a disconnect, so a
+//! half-open connection (a partition that closes no socket) starts the
+//! worker-lost timer.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,6 +45,8 @@ use tonic::transport::Server;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 use tonic::{Request, Response, Status, Streaming};
 use trainhub_apiserver::auth::user_from_certificate;
+use trainhub_apiserver::pki::CertInfo;
+use trainhub_apiserver::reload::ReloadingCert;
 use trainhub_proto as pb;
 use trainhub_proto::limits::MAX_MESSAGE_BYTES;
 
@@ -53,6 +64,9 @@ pub struct GrpcTls {
     pub key_pem: String,
     /// The CA that signs spoke certificates.
     pub client_ca_pem: String,
+    /// The serving certificate from files, re-read when rotated; when
+    /// given, `cert_pem` and `key_pem` are not used.
+    pub reloading: Option<Arc<ReloadingCert>>,
 }
 
 /// The caps of the spokes' listener. The defaults hold a fleet of a few
@@ -170,6 +184,12 @@ impl pb::spoke_server::Spoke for SpokeService {
         request: Request<Streaming<pb::SpokeMessage>>,
     ) -> Result<Response<HubStream>, Status> {
         let name = spoke_name(&request)?;
+        let cert = peer_cert(&request)?;
+        let registry = self.dispatch.spokes().clone();
+        if let Some(refusal) = registry.refusal(&name, &cert) {
+            tracing::warn!(spoke = %name, serial = %cert.serial, "refused a session: the spoke's certificate is revoked");
+            return Err(Status::permission_denied(refusal));
+        }
         if let Err(wait) = self.rate.take(&name, Instant::now()) {
             tracing::warn!(spoke = %name, "refused a session: the spoke starts sessions too often");
             return Err(Status::resource_exhausted(format!(
@@ -201,16 +221,39 @@ impl pb::spoke_server::Spoke for SpokeService {
         let Some(pb::spoke_message::Message::Hello(hello)) = hello_message.message else {
             return Err(Status::internal("the hello went missing"));
         };
+        if let Err(rule) = self.dispatch.check_hello(&hello) {
+            tracing::warn!(spoke = %name, refused = %rule, "refused a session");
+            return Err(Status::failed_precondition(rule));
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let (close_tx, close_rx) = watch::channel(None);
+        let backend = hello.backend.clone();
+        let (silent_tx, silent_rx) = watch::channel(None);
         let id = self.dispatch.connect(&name, hello, tx, close_tx);
+        registry.started(&name, id, cert.clone(), &backend);
+        // Revoked while this session was being set up: ended at once.
+        if let Some(refusal) = registry.refusal(&name, &cert) {
+            self.dispatch.close_session(&name, &refusal);
+        }
         let dispatch = self.dispatch.clone();
+        let silence = dispatch.spoke_silence();
         let ended = closed(close_rx.clone(), self.stopping.clone());
         tokio::spawn(async move {
             tokio::pin!(ended);
             loop {
                 let message = tokio::select! {
-                    m = inbound.message() => m,
+                    m = tokio::time::timeout(silence, inbound.message()) => match m {
+                        Ok(m) => m,
+                        Err(_) => {
+                            let reason = format!(
+                                "nothing arrived from spoke {name:?} for {}s (--spoke-silence-seconds): session ended",
+                                silence.as_secs_f64()
+                            );
+                            tracing::warn!(spoke = %name, "{reason}");
+                            let _ = silent_tx.send(Some(reason));
+                            break;
+                        }
+                    },
                     _ = &mut ended => break,
                 };
                 match message {
@@ -220,6 +263,7 @@ impl pb::spoke_server::Spoke for SpokeService {
                             continue;
                         }
                         if let Some(message) = message.message {
+                            registry.heard(&name, id);
                             dispatch.on_message(&name, id, message);
                         }
                     }
@@ -231,10 +275,27 @@ impl pb::spoke_server::Spoke for SpokeService {
                 }
             }
             dispatch.disconnect(&name, id);
+            registry.ended(&name, id);
         });
         // The hub's messages until the session is closed; a replaced
         // session ends with the reason.
         let ended = closed(close_rx, self.stopping.clone());
+        let ended = async move {
+            let mut silent_rx = silent_rx;
+            let silent = async move {
+                let reason = silent_rx.wait_for(Option::is_some).await.map(|r| r.clone());
+                match reason {
+                    Ok(reason) => reason,
+                    // The session ended otherwise.
+                    Err(_) => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                reason = ended => reason,
+                reason = silent => reason,
+            }
+        };
         let outbound =
             futures_util::stream::unfold(Some((rx, Box::pin(ended))), |state| async move {
                 let (mut rx, mut ended) = state?;
@@ -251,6 +312,17 @@ impl pb::spoke_server::Spoke for SpokeService {
             });
         Ok(Response::new(Box::pin(outbound)))
     }
+}
+
+/// The serial and validity of the spoke's verified client certificate.
+fn peer_cert<T>(request: &Request<T>) -> Result<CertInfo, Status> {
+    let certs = request
+        .peer_certs()
+        .ok_or_else(|| Status::unauthenticated("a spoke must present a client certificate"))?;
+    let der = certs
+        .first()
+        .ok_or_else(|| Status::unauthenticated("a spoke must present a client certificate"))?;
+    CertInfo::from_der(der.as_ref()).map_err(Status::unauthenticated)
 }
 
 /// The spoke's name from its verified client certificate.
@@ -341,8 +413,6 @@ pub async fn serve_with(
 fn server_config(tls: &GrpcTls) -> anyhow::Result<Arc<rustls::ServerConfig>> {
     use trainhub_apiserver::tls::{crypto_provider, parse_certificates, parse_private_key};
     let provider = crypto_provider();
-    let chain = parse_certificates("gRPC server certificate", &tls.cert_pem)?;
-    let key = parse_private_key("gRPC server key", &tls.key_pem)?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in parse_certificates("spoke CA", &tls.client_ca_pem)? {
         roots.add(cert)?;
@@ -352,10 +422,17 @@ fn server_config(tls: &GrpcTls) -> anyhow::Result<Arc<rustls::ServerConfig>> {
         provider.clone(),
     )
     .build()?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)?;
+        .with_client_cert_verifier(verifier);
+    let mut config = match &tls.reloading {
+        Some(reloading) => builder.with_cert_resolver(reloading.clone()),
+        None => {
+            let chain = parse_certificates("gRPC server certificate", &tls.cert_pem)?;
+            let key = parse_private_key("gRPC server key", &tls.key_pem)?;
+            builder.with_single_cert(chain, key)?
+        }
+    };
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }

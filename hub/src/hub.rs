@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 use trainhub_apiserver::auth::{Authenticator, Policy, PolicyAuthorizer, TokenFile};
+use trainhub_apiserver::reload::ReloadingCert;
 use trainhub_apiserver::server::Server;
 use trainhub_apiserver::store::{RedbStore, Store};
 
@@ -18,7 +19,7 @@ use crate::dispatch::{Dispatch, DispatchConfig};
 use crate::grpc::{self, GrpcTls};
 use crate::plugins::registry::Registry;
 use crate::plugins::{Host, HostConfig};
-use crate::{api, builtin, controller, render};
+use crate::{api, builtin, controller, render, spokes};
 
 /// Where the hub publishes its own objects (the SDK's version ConfigMap);
 /// created at start, cannot be deleted.
@@ -128,7 +129,9 @@ impl Hub {
             config.dispatch,
         );
         let mut builder = Server::builder(store.clone())
-            .admission(admission)
+            .admission(Arc::new(spokes::SpokeAdmission {
+                inner: admission.clone(),
+            }))
             .logs(dispatch.log_source())
             .authenticator(Arc::new(Authenticator::new(
                 tokens,
@@ -197,8 +200,19 @@ impl Hub {
         };
         let cert = read(&self.config.tls_cert)?;
         let key = read(&self.config.tls_key)?;
+        // The serving certificate follows its files (rotation without a
+        // restart), for the API and the spokes' endpoint alike.
+        let serving = ReloadingCert::load(
+            "serving certificate",
+            &self.config.tls_cert,
+            &self.config.tls_key,
+            trainhub_apiserver::reload::DEFAULT_RELOAD_INTERVAL,
+        )?;
         let client_ca = self.config.client_ca.as_ref().map(read).transpose()?;
-        let tls = trainhub_apiserver::tls::server_config(&cert, &key, client_ca.as_deref())?;
+        let tls = trainhub_apiserver::tls::server_config_with_resolver(
+            serving.clone(),
+            client_ca.as_deref(),
+        )?;
         let listener = tokio::net::TcpListener::bind(self.config.listen)
             .await
             .with_context(|| format!("listening on {}", self.config.listen))?;
@@ -221,6 +235,13 @@ impl Hub {
                 .run_namespace_controller(wait(stop_rx.clone())),
         );
         let dispatch = tokio::spawn(self.dispatch.clone().run(wait(stop_rx.clone())));
+        spokes::apply_cordons(self.store.as_ref(), &self.dispatch);
+        let spoke_objects = tokio::spawn(spokes::run(
+            self.store.clone(),
+            self.server.clone(),
+            self.dispatch.clone(),
+            wait(stop_rx.clone()),
+        ));
         let mut grpc_addr = None;
         let grpc = match self.config.grpc_listen {
             Some(listen) => {
@@ -233,6 +254,7 @@ impl Hub {
                     cert_pem: cert.clone(),
                     key_pem: key.clone(),
                     client_ca_pem: read(spoke_ca)?,
+                    reloading: Some(serving.clone()),
                 };
                 let listener = tokio::net::TcpListener::bind(listen)
                     .await
@@ -266,6 +288,7 @@ impl Hub {
             let _ = expiry.await;
         }
         let _ = dispatch.await;
+        let _ = spoke_objects.await;
         if let Some(grpc) = grpc {
             let _ = grpc.await;
         }

@@ -20,3 +20,4 @@ pub mod logging;
 pub mod metrics;
 pub mod plugins;
 pub mod render;
+pub mod spokes;

@@ -7,6 +7,24 @@
 //! and serves log requests. Reconnects back off exponentially with jitter.
 //! Everything the hub sends is idempotent by `(run_id, generation)`, so a
 //! message repeated after a reconnect changes nothing.
+//!
+//! # Fencing
+//!
+//! The agent keeps the time it last heard anything from the hub (the hub
+//! answers every heartbeat). When that is older than
+//! [`AgentConfig::fence_after`], it stops every run that has not finished
+//! ([`Backend::fence`]) and keeps them as lost (`Fenced`): its next hello
+//! says so, and a Start for them is not carried out again. The hub
+//! refuses a session whose fence-after is not strictly shorter than its
+//! worker-lost timeout, so a spoke cut off from the hub has stopped its
+//! runs before the hub places them elsewhere.
+//!
+//! # Reservations
+//!
+//! Every heartbeat lists the reservations the backend holds (admitted
+//! offers neither started nor withdrawn). A reservation older than
+//! [`AgentConfig::reservation_ttl`] is released by the agent itself, so a
+//! lost Withdraw cannot hold capacity forever.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,7 +43,9 @@ use trainhub_proto::limits::{MAX_EVENTS_PER_REPORT, MAX_LOG_CHUNK_BYTES, MAX_MES
 use trainhub_telemetry::metrics::labels;
 use trainhub_telemetry::propagation::{Parent, TRACEPARENT};
 
-use crate::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
+use crate::backend::{
+    Backend, BackendError, LOST_FENCED, PodSetRequest, RunKey, RunReport, RunSpec,
+};
 use crate::metrics;
 
 /// How the agent reaches the hub.
@@ -47,7 +67,25 @@ pub struct AgentConfig {
     /// Reconnect backoff: starts at `backoff_min`, doubles up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    /// When set, the CA, certificate and key are read from these files on
+    /// every connect (the PEM fields above are not used), and a change of
+    /// the files ends the session so that the next uses them.
+    pub cert_files: Option<crate::certs::CertFiles>,
+    /// Runs are stopped (fenced) when nothing has been heard from the hub
+    /// for this long; it must be strictly shorter than the hub's
+    /// worker-lost timeout (the hub refuses the session otherwise).
+    pub fence_after: Duration,
+    /// An admitted offer neither started nor withdrawn is released after
+    /// this long.
+    pub reservation_ttl: Duration,
 }
+
+/// `trainspoke --fence-after-seconds`'s default.
+pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_secs(300);
+/// `trainspoke --reservation-ttl-seconds`'s default.
+pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(120);
+/// How long connecting (TCP, TLS, the stream's response) may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl AgentConfig {
     pub fn new(hub_url: String, ca_pem: String, cert_pem: String, key_pem: String) -> Self {
@@ -61,6 +99,9 @@ impl AgentConfig {
             heartbeat: Duration::from_secs(5),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(30),
+            cert_files: None,
+            fence_after: DEFAULT_FENCE_AFTER,
+            reservation_ttl: DEFAULT_RESERVATION_TTL,
         }
     }
 }
@@ -74,6 +115,14 @@ pub enum AgentError {
     Connect(#[from] tonic::transport::Error),
     #[error("the hub ended the session: {0}")]
     Status(#[from] tonic::Status),
+    #[error("certificate files: {0}")]
+    CertFiles(String),
+    #[error("the certificate files changed: reconnecting with them")]
+    Rotated,
+    #[error("connecting to the hub took longer than {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("nothing heard from the hub for {0:?}: runs fenced, reconnecting")]
+    Fenced(Duration),
 }
 
 /// An error with its sources: tonic's transport errors say only
@@ -115,9 +164,32 @@ struct Shared {
     log_tasks: Mutex<HashMap<String, JoinHandle<()>>>,
     /// The `run` span of each run started here, open until it finishes.
     run_spans: Mutex<HashMap<String, tracing::Span>>,
+    /// When anything was last heard from the hub (or the agent started).
+    heard: Mutex<Instant>,
+    /// Fencings so far; a session ends when it changes.
+    fencings: tokio::sync::watch::Sender<u64>,
+    /// Runs fenced that the backend no longer lists (it forgot them when
+    /// it stopped them), with the reason; dropped when the hub stops them.
+    lost: Mutex<BTreeMap<RunKey, &'static str>>,
+    /// When each reservation was first seen.
+    reserved_at: Mutex<HashMap<RunKey, Instant>>,
 }
 
 impl Shared {
+    fn new(backend: Arc<dyn Backend>) -> Arc<Self> {
+        Arc::new(Shared {
+            backend,
+            current: Mutex::new(None),
+            seq: Mutex::new(HashMap::new()),
+            log_tasks: Mutex::new(HashMap::new()),
+            run_spans: Mutex::new(HashMap::new()),
+            heard: Mutex::new(Instant::now()),
+            fencings: tokio::sync::watch::channel(0).0,
+            lost: Mutex::new(BTreeMap::new()),
+            reserved_at: Mutex::new(HashMap::new()),
+        })
+    }
+
     fn report_message(&self, report: &RunReport) -> pb::SpokeMessage {
         if report.events.len() > MAX_EVENTS_PER_REPORT {
             tracing::warn!(
@@ -155,6 +227,98 @@ impl Shared {
             let _ = tx.send(message);
         }
     }
+
+    fn heard(&self) {
+        *lock(&self.heard) = Instant::now();
+    }
+
+    /// Every run held, as the hello lists them: the backend's, and the
+    /// runs the agent fenced that the backend forgot.
+    fn held(&self) -> Vec<pb::RunRef> {
+        let mut refs: Vec<pb::RunRef> = self
+            .backend
+            .runs()
+            .into_iter()
+            .map(|r| pb::RunRef {
+                run_id: r.key.run_id,
+                generation: r.key.generation,
+                finished: r.finished,
+                lost: r.lost.is_some(),
+                reason: r.lost.unwrap_or_default().to_string(),
+            })
+            .collect();
+        for (key, reason) in lock(&self.lost).iter() {
+            if !refs
+                .iter()
+                .any(|r| r.run_id == key.run_id && r.generation == key.generation)
+            {
+                refs.push(pb::RunRef {
+                    run_id: key.run_id.clone(),
+                    generation: key.generation,
+                    finished: false,
+                    lost: true,
+                    reason: (*reason).to_string(),
+                });
+            }
+        }
+        refs
+    }
+
+    /// Fences once per silence: stops every run not finished, keeps them
+    /// as lost, and ends the open session.
+    async fn fence_if_silent(&self, fence_after: Duration, fenced_for: &mut Option<Instant>) {
+        let heard = *lock(&self.heard);
+        if heard.elapsed() < fence_after || *fenced_for == Some(heard) {
+            return;
+        }
+        *fenced_for = Some(heard);
+        let stopped = self.backend.fence().await;
+        {
+            let mut lost = lock(&self.lost);
+            for key in &stopped {
+                lost.insert(key.clone(), LOST_FENCED);
+            }
+        }
+        for key in &stopped {
+            tracing::error!(
+                run = %key.run_id,
+                generation = key.generation,
+                silent_ms = heard.elapsed().as_millis() as u64,
+                fence_after_ms = fence_after.as_millis() as u64,
+                "FENCED: nothing heard from the hub for longer than --fence-after-seconds; the run is stopped and reported lost, and the hub places it again"
+            );
+        }
+        if stopped.is_empty() {
+            tracing::warn!(
+                "nothing heard from the hub for {fence_after:?}; no run to fence; still reconnecting"
+            );
+        } else {
+            tracing::error!(
+                runs = stopped.len(),
+                "fenced: nothing heard from the hub for {fence_after:?}; still reconnecting"
+            );
+        }
+        self.fencings.send_modify(|n| *n += 1);
+    }
+
+    /// Releases reservations older than `ttl`.
+    fn expire_reservations(&self, ttl: Duration) {
+        let held = self.backend.reservations();
+        let now = Instant::now();
+        let expired: Vec<RunKey> = {
+            let mut at = lock(&self.reserved_at);
+            at.retain(|k, _| held.contains(k));
+            held.iter()
+                .filter(|k| now.duration_since(*at.entry((*k).clone()).or_insert(now)) >= ttl)
+                .cloned()
+                .collect()
+        };
+        for key in expired {
+            tracing::warn!(run = %key.run_id, generation = key.generation, ttl_s = ttl.as_secs(), "a reservation neither started nor withdrawn expired; its capacity is released");
+            self.backend.withdraw(&key);
+            lock(&self.reserved_at).remove(&key);
+        }
+    }
 }
 
 /// Runs the agent until `shutdown` resolves: connects, serves the session,
@@ -166,13 +330,7 @@ pub async fn run(
     mut reports: mpsc::UnboundedReceiver<RunReport>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let shared = Arc::new(Shared {
-        backend,
-        current: Mutex::new(None),
-        seq: Mutex::new(HashMap::new()),
-        log_tasks: Mutex::new(HashMap::new()),
-        run_spans: Mutex::new(HashMap::new()),
-    });
+    let shared = Shared::new(backend);
     /// Ends the log streams being served when the agent goes away.
     struct EndLogs(Arc<Shared>);
     impl Drop for EndLogs {
@@ -195,6 +353,20 @@ pub async fn run(
             }
         }))
     };
+    let _watchdog = {
+        let shared = shared.clone();
+        let (fence_after, ttl) = (config.fence_after, config.reservation_ttl);
+        let every = (fence_after / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        AbortOnDrop(tokio::spawn(async move {
+            let mut fenced_for = None;
+            let mut interval = tokio::time::interval(every);
+            loop {
+                interval.tick().await;
+                shared.fence_if_silent(fence_after, &mut fenced_for).await;
+                shared.expire_reservations(ttl);
+            }
+        }))
+    };
     let connect_loop = async {
         let mut failures: u32 = 0;
         let mut sessions: u64 = 0;
@@ -206,8 +378,11 @@ pub async fn run(
             sessions += 1;
             let result = session(&config, &shared).await;
             metrics::spoke().connected.set(0);
-            match result {
+            match &result {
                 Ok(()) => tracing::warn!("the hub closed the session"),
+                Err(AgentError::Rotated) => {
+                    tracing::info!("reconnecting with the rotated certificate")
+                }
                 Err(e) => tracing::warn!(error = %e, "session with the hub failed"),
             }
             *lock(&shared.current) = None;
@@ -217,7 +392,12 @@ pub async fn run(
             if started.elapsed() > config.backoff_max {
                 failures = 0;
             }
-            let wait = backoff(&config, failures);
+            let wait = if matches!(result, Err(AgentError::Rotated)) {
+                failures = 0;
+                config.backoff_min
+            } else {
+                backoff(&config, failures)
+            };
             failures = failures.saturating_add(1);
             tracing::info!(wait_ms = wait.as_millis() as u64, "reconnecting");
             tokio::time::sleep(wait).await;
@@ -241,9 +421,27 @@ fn backoff(config: &AgentConfig, failures: u32) -> Duration {
 }
 
 async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), AgentError> {
+    let stamp = config.cert_files.as_ref().map(|f| f.stamp());
+    let (ca_pem, cert_pem, key_pem) = match &config.cert_files {
+        Some(files) => {
+            let pems = files.read().map_err(AgentError::CertFiles)?;
+            (pems.ca, pems.cert, pems.key)
+        }
+        None => (
+            config.ca_pem.clone(),
+            config.cert_pem.clone(),
+            config.key_pem.clone(),
+        ),
+    };
+    let rotated = async {
+        match (&config.cert_files, stamp) {
+            (Some(files), Some(stamp)) => files.changed(stamp, crate::certs::CHECK_EVERY).await,
+            _ => std::future::pending().await,
+        }
+    };
     let mut tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&config.ca_pem))
-        .identity(Identity::from_pem(&config.cert_pem, &config.key_pem));
+        .ca_certificate(Certificate::from_pem(&ca_pem))
+        .identity(Identity::from_pem(&cert_pem, &key_pem));
     if let Some(name) = &config.tls_server_name {
         tls = tls.domain_name(name.clone());
     }
@@ -254,7 +452,9 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20));
-    let channel = endpoint.connect().await?;
+    let channel = tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect())
+        .await
+        .map_err(|_| AgentError::ConnectTimeout(CONNECT_TIMEOUT))??;
     let mut client = pb::spoke_client::SpokeClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -267,34 +467,38 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
     // if still disconnected, which would lose a run that finished just now).
     let held = {
         let mut current = lock(&shared.current);
-        let held = backend.runs();
+        let held = shared.held();
         let _ = tx.send(pb::SpokeMessage {
             message: Some(pb::spoke_message::Message::Hello(pb::Hello {
                 labels: config.labels.clone().into_iter().collect(),
                 backend: backend.kind().to_string(),
                 capacity: capacity(backend.as_ref()),
-                runs: held
-                    .iter()
-                    .map(|r| pb::RunRef {
-                        run_id: r.key.run_id.clone(),
-                        generation: r.key.generation,
-                        finished: r.finished,
-                        ..Default::default()
-                    })
-                    .collect(),
+                runs: held.clone(),
                 version: env!("CARGO_PKG_VERSION").to_string(),
-                ..Default::default()
+                fence_after_ms: i64::try_from(config.fence_after.as_millis()).unwrap_or(i64::MAX),
             })),
         });
-        for run in &held {
-            if let Some(report) = backend.report(&run.key) {
+        for run in held.iter().filter(|r| !r.lost) {
+            let key = RunKey {
+                run_id: run.run_id.clone(),
+                generation: run.generation,
+            };
+            if let Some(report) = backend.report(&key) {
                 let _ = tx.send(shared.report_message(&report));
             }
         }
         *current = Some(tx.clone());
         held
     };
-    let response = client.session(UnboundedReceiverStream::new(rx)).await?;
+    let response = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        client.session(UnboundedReceiverStream::new(rx)),
+    )
+    .await
+    .map_err(|_| AgentError::ConnectTimeout(CONNECT_TIMEOUT))??;
+    shared.heard();
+    let mut fencings = shared.fencings.subscribe();
+    fencings.mark_unchanged();
     metrics::spoke().connected.set(1);
     tracing::info!(hub = %config.hub_url, runs = held.len(), "connected to the hub");
     let _heartbeat = {
@@ -309,7 +513,15 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
                 let message = pb::SpokeMessage {
                     message: Some(pb::spoke_message::Message::Heartbeat(pb::Heartbeat {
                         capacity: capacity(backend.as_ref()),
-                        ..Default::default()
+                        reservations: backend
+                            .reservations()
+                            .into_iter()
+                            .map(|k| pb::RunRef {
+                                run_id: k.run_id,
+                                generation: k.generation,
+                                ..Default::default()
+                            })
+                            .collect(),
                     })),
                 };
                 if tx.send(message).is_err() {
@@ -319,12 +531,21 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
         }))
     };
     let mut inbound = response.into_inner();
+    tokio::pin!(rotated);
     loop {
-        match inbound.next().await {
+        let next = tokio::select! {
+            next = inbound.next() => next,
+            () = &mut rotated => break Err(AgentError::Rotated),
+            _ = fencings.changed() => break Err(AgentError::Fenced(config.fence_after)),
+        };
+        match next {
             Some(Ok(pb::HubMessage {
                 message: Some(message),
-            })) => handle(shared, &tx, message),
-            Some(Ok(_)) => {}
+            })) => {
+                shared.heard();
+                handle(shared, &tx, message)
+            }
+            Some(Ok(_)) => shared.heard(),
             Some(Err(status)) => break Err(AgentError::Status(status)),
             None => break Ok(()),
         }
@@ -381,8 +602,13 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
                     if answer.is_ok() { "true" } else { "false" },
                 )]))
                 .inc();
-            if let Err(e) = &answer {
-                tracing::debug!(run = %key.run_id, error = %e, "offer refused");
+            match &answer {
+                Err(e) => tracing::debug!(run = %key.run_id, error = %e, "offer refused"),
+                Ok(()) => {
+                    lock(&shared.reserved_at)
+                        .entry(key.clone())
+                        .or_insert_with(Instant::now);
+                }
             }
             let _ = tx.send(pb::SpokeMessage {
                 message: Some(pb::spoke_message::Message::Admit(pb::AdmitAnswer {
@@ -393,10 +619,23 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
                 })),
             });
         }
-        Message::Withdraw(w) => backend.withdraw(&RunKey {
-            run_id: w.run_id,
-            generation: w.generation,
-        }),
+        Message::Withdraw(w) => {
+            let key = RunKey {
+                run_id: w.run_id,
+                generation: w.generation,
+            };
+            backend.withdraw(&key);
+            lock(&shared.reserved_at).remove(&key);
+        }
+        Message::Start(start)
+            if lock(&shared.lost).contains_key(&RunKey {
+                run_id: start.run_id.clone(),
+                generation: start.generation,
+            }) =>
+        {
+            // Stopped here without being asked: never started again.
+            tracing::info!(run = %start.run_id, generation = start.generation, "a start of a lost run ignored");
+        }
         Message::Start(start) => {
             let shared = shared.clone();
             let (apply, extra_env) = run_spans(&shared, &start);
@@ -430,9 +669,20 @@ fn handle(shared: &Arc<Shared>, tx: &Outbound, message: pb::hub_message::Message
             tokio::spawn(task.instrument(apply));
         }
         Message::Stop(stop) => {
+            let shared = shared.clone();
             tokio::spawn(async move {
                 tracing::info!(run = %stop.run_id, generation = stop.generation, reason = %stop.reason, "stopping");
                 backend.stop(&stop.run_id, stop.generation).await;
+                lock(&shared.lost)
+                    .retain(|k, _| !(k.run_id == stop.run_id && k.generation <= stop.generation));
+                lock(&shared.reserved_at)
+                    .retain(|k, _| !(k.run_id == stop.run_id && k.generation <= stop.generation));
+                shared.send(pb::SpokeMessage {
+                    message: Some(pb::spoke_message::Message::Stopped(pb::Stopped {
+                        run_id: stop.run_id,
+                        generation: stop.generation,
+                    })),
+                });
             });
         }
         Message::LogRequest(request) => {
@@ -580,5 +830,100 @@ fn failed_report(key: RunKey, error: &BackendError) -> RunReport {
         pods: Vec::new(),
         finished: true,
         events: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::SimBackend;
+
+    fn sim() -> Arc<SimBackend> {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        SimBackend::new(
+            [("cpu".to_string(), 4000)].into(),
+            Duration::from_secs(3600),
+            tx,
+            None,
+        )
+    }
+
+    fn key(run: &str) -> RunKey {
+        RunKey {
+            run_id: run.into(),
+            generation: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_silent_hub_fences_the_runs_once_and_the_hello_says_they_are_lost() {
+        let backend = sim();
+        let shared = Shared::new(backend.clone());
+        let jobset = serde_json::json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "j"}, "spec": {"replicatedJobs": []}});
+        backend
+            .start(RunSpec {
+                key: key("r"),
+                namespace: "ns".into(),
+                name: "j".into(),
+                trainjob_uid: "r".into(),
+                objects: vec![jobset],
+                extra_env: Vec::new(),
+            })
+            .await
+            .unwrap();
+        let mut fencings = shared.fencings.subscribe();
+        let mut fenced_for = None;
+        // Heard recently: nothing happens.
+        shared
+            .fence_if_silent(Duration::from_secs(60), &mut fenced_for)
+            .await;
+        assert_eq!(backend.runs().len(), 1);
+        assert!(!fencings.has_changed().unwrap());
+        // Silent for longer than fence-after: stopped, lost, session ended.
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(5)).unwrap();
+        *lock(&shared.heard) = long_ago;
+        shared
+            .fence_if_silent(Duration::from_secs(1), &mut fenced_for)
+            .await;
+        assert!(backend.runs().is_empty(), "the backend stopped the run");
+        assert!(fencings.has_changed().unwrap());
+        fencings.mark_unchanged();
+        let held = shared.held();
+        assert_eq!(held.len(), 1);
+        assert_eq!(
+            (
+                held[0].run_id.as_str(),
+                held[0].lost,
+                held[0].reason.as_str()
+            ),
+            ("r", true, LOST_FENCED)
+        );
+        // Once per silence.
+        shared
+            .fence_if_silent(Duration::from_secs(1), &mut fenced_for)
+            .await;
+        assert!(!fencings.has_changed().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_reservation_expires_on_the_spoke_after_its_ttl() {
+        let backend = sim();
+        let shared = Shared::new(backend.clone());
+        let gang = [PodSetRequest {
+            name: "node".into(),
+            count: 1,
+            requests_milli: [("cpu".to_string(), 1000)].into(),
+        }];
+        backend.admit(&key("r"), &gang).unwrap();
+        shared.expire_reservations(Duration::from_secs(3600));
+        assert_eq!(backend.reservations(), vec![key("r")]);
+        shared.expire_reservations(Duration::ZERO);
+        assert!(backend.reservations().is_empty());
+        assert_eq!(
+            backend.capacity()[0].free_milli,
+            4000,
+            "its capacity is back"
+        );
     }
 }

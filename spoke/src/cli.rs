@@ -42,7 +42,9 @@ pub struct Args {
     #[arg(long)]
     pub ca: PathBuf,
     /// PEM files of this spoke's client certificate (its CN is the spoke's
-    /// name) and key, as `trainctl certs spoke` writes them.
+    /// name) and key, as `trainctl certs spoke` writes them. Read again on
+    /// every connect; when they (or --ca) change on disk, e.g. after
+    /// `trainctl certs renew`, the spoke reconnects with them.
     #[arg(long)]
     pub cert: PathBuf,
     #[arg(long)]
@@ -88,6 +90,17 @@ pub struct Args {
     /// Seconds between heartbeats.
     #[arg(long, default_value_t = 5)]
     pub heartbeat_seconds: u64,
+    /// Self-fencing: when nothing has been heard from the hub for this
+    /// many seconds, every run not finished is stopped and reported lost
+    /// (`Fenced`) on the next connect. Must be strictly less than the hub's
+    /// --worker-lost-timeout-seconds (the hub refuses the session
+    /// otherwise), with a margin for the time a message takes.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fence_after_seconds: u64,
+    /// An admitted offer neither started nor withdrawn by the hub is
+    /// released after this many seconds.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reservation_ttl_seconds: u64,
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Serve `/metrics` (Prometheus), `/livez` and `/readyz` over plain
@@ -199,6 +212,8 @@ pub async fn run(args: Args) -> Result<()> {
         kueue_queue,
         field_manager,
         heartbeat_seconds,
+        fence_after_seconds,
+        reservation_ttl_seconds,
         log_format: _,
         http_address,
     } = args;
@@ -206,9 +221,22 @@ pub async fn run(args: Args) -> Result<()> {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
     let mut config = AgentConfig::new(hub, read(&ca)?, read(&cert)?, read(&key)?);
+    // Rotated files are picked up without a restart.
+    config.cert_files = Some(crate::certs::CertFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        ca: ca.clone(),
+    });
     config.tls_server_name = tls_server_name;
     config.labels = parse_pairs("--label", &labels)?;
     config.heartbeat = Duration::from_secs(heartbeat_seconds.max(1));
+    config.fence_after = Duration::from_secs(fence_after_seconds);
+    config.reservation_ttl = Duration::from_secs(reservation_ttl_seconds);
+    if config.heartbeat >= config.fence_after {
+        bail!(
+            "--heartbeat-seconds {heartbeat_seconds} must be less than --fence-after-seconds {fence_after_seconds}: the hub answers heartbeats, and a spoke that hears nothing for fence-after stops its runs"
+        );
+    }
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend: Arc<dyn crate::backend::Backend> = match backend {
         BackendKind::Process => ProcessBackend::new(
@@ -348,6 +376,26 @@ mod tests {
         assert_eq!(args.field_manager, "trainspoke");
         let default = Args::try_parse_from(BASE).unwrap();
         assert_eq!(default.backend, BackendKind::Process);
+    }
+
+    #[test]
+    fn fencing_and_reservation_flags_default_to_the_documented_values() {
+        let default = Args::try_parse_from(BASE).unwrap();
+        assert_eq!(default.fence_after_seconds, 300);
+        assert_eq!(default.reservation_ttl_seconds, 120);
+        let args = Args::try_parse_from(BASE.iter().copied().chain([
+            "--fence-after-seconds",
+            "3",
+            "--reservation-ttl-seconds",
+            "10",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (args.fence_after_seconds, args.reservation_ttl_seconds),
+            (3, 10)
+        );
+        let zero = Args::try_parse_from(BASE.iter().copied().chain(["--fence-after-seconds", "0"]));
+        assert!(zero.is_err(), "fencing cannot be turned off");
     }
 
     #[test]

@@ -12,5 +12,6 @@
 
 pub mod agent;
 pub mod backend;
+pub mod certs;
 pub mod cli;
 pub mod metrics;

@@ -19,8 +19,9 @@
 //!   they may do (admin group, namespace grants);
 //! - [`limits`]: how large and deep a request and a stored object may be,
 //!   and the bounded decoders that enforce it;
-//! - [`tls`], [`pki`] and [`kubeconfig`]: serving over TLS (HTTP/1.1 and h2,
-//!   optional client certificates), a small CA, and kubeconfigs for clients.
+//! - [`tls`], [`pki`], [`reload`] and [`kubeconfig`]: serving over TLS
+//!   (HTTP/1.1 and h2, optional client certificates), a small CA, serving
+//!   certificates re-read when rotated on disk, and kubeconfigs for clients.
 
 pub mod admission;
 pub mod auth;
@@ -32,6 +33,7 @@ pub mod namespace;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod reload;
 pub mod resource;
 pub mod review;
 pub mod schema;

@@ -183,12 +183,24 @@ impl Ca {
     }
 
     /// A server certificate (EKU serverAuth) for `dns_names` and `ips`; at
-    /// least one is required, since TLS clients match only the SANs.
+    /// least one is required, since TLS clients match only the SANs. Valid
+    /// for [`LEAF_VALIDITY_DAYS`].
     pub fn issue_server(
         &self,
         common_name: &str,
         dns_names: &[&str],
         ips: &[IpAddr],
+    ) -> Result<Issued, PkiError> {
+        self.issue_server_for(common_name, dns_names, ips, LEAF_VALIDITY_DAYS)
+    }
+
+    /// [`Ca::issue_server`], valid for `days` (at least 1).
+    pub fn issue_server_for(
+        &self,
+        common_name: &str,
+        dns_names: &[&str],
+        ips: &[IpAddr],
+        days: i64,
     ) -> Result<Issued, PkiError> {
         if dns_names.is_empty() && ips.is_empty() {
             return Err(invalid(
@@ -207,19 +219,43 @@ impl Ca {
             .subject_alt_names
             .extend(ips.iter().copied().map(SanType::IpAddress));
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        self.issue(common_name, &[], params)
+        self.issue(common_name, &[], params, days)
     }
 
     /// A client certificate (EKU clientAuth): user `common_name`, one
-    /// Subject O per group in `organizations`.
+    /// Subject O per group in `organizations`. Valid for
+    /// [`LEAF_VALIDITY_DAYS`].
     pub fn issue_client(
         &self,
         common_name: &str,
         organizations: &[&str],
     ) -> Result<Issued, PkiError> {
+        self.issue_client_for(common_name, organizations, LEAF_VALIDITY_DAYS)
+    }
+
+    /// [`Ca::issue_client`], valid for `days` (at least 1).
+    pub fn issue_client_for(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
+        days: i64,
+    ) -> Result<Issued, PkiError> {
         let mut params = CertificateParams::default();
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        self.issue(common_name, organizations, params)
+        self.issue(common_name, organizations, params, days)
+    }
+
+    /// Issues again what `cert_pem` (one of this CA's certificates) is:
+    /// same subject, names and usage, with a new key, valid for `days`.
+    pub fn renew(&self, cert_pem: &str, days: i64) -> Result<Issued, PkiError> {
+        let info = CertInfo::from_pem(cert_pem).map_err(|e| invalid("certificate", e))?;
+        let orgs: Vec<&str> = info.organizations.iter().map(String::as_str).collect();
+        if info.server {
+            let dns: Vec<&str> = info.dns_names.iter().map(String::as_str).collect();
+            self.issue_server_for(&info.common_name, &dns, &info.ips, days)
+        } else {
+            self.issue_client_for(&info.common_name, &orgs, days)
+        }
     }
 
     fn issue(
@@ -227,7 +263,14 @@ impl Ca {
         common_name: &str,
         organizations: &[&str],
         mut params: CertificateParams,
+        days: i64,
     ) -> Result<Issued, PkiError> {
+        if days < 1 {
+            return Err(invalid(
+                "validity",
+                format!("{days} days: must be at least 1"),
+            ));
+        }
         require_name("common name", common_name)?;
         for (i, o) in organizations.iter().enumerate() {
             require_name(&format!("organizations[{i}]"), o)?;
@@ -239,7 +282,7 @@ impl Ca {
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
-        validity(&mut params, LEAF_VALIDITY_DAYS);
+        validity(&mut params, days);
         let key = new_key("certificate key")?;
         let cert = params
             .signed_by(&key, &self.issuer)
@@ -253,6 +296,85 @@ impl Ca {
             cert_pem: pem_encode("CERTIFICATE", &der),
             key_pem: key.serialize_pem(),
         })
+    }
+}
+
+/// What a certificate says of itself: serial, validity, subject and names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    /// The serial number, lowercase hexadecimal without leading zeros.
+    pub serial: String,
+    /// Validity, in seconds since the Unix epoch.
+    pub not_before: i64,
+    pub not_after: i64,
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    pub dns_names: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    /// Whether it is a server certificate (EKU serverAuth).
+    pub server: bool,
+}
+
+impl CertInfo {
+    /// Reads a DER certificate.
+    pub fn from_der(der: &[u8]) -> Result<CertInfo, String> {
+        let (_, cert) =
+            X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        let text = |attr: &x509_parser::x509::AttributeTypeAndValue<'_>| {
+            attr.as_str().ok().map(str::to_string)
+        };
+        let mut dns_names = Vec::new();
+        let mut ips = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for name in &san.value.general_names {
+                match name {
+                    x509_parser::extensions::GeneralName::DNSName(d) => {
+                        dns_names.push(d.to_string())
+                    }
+                    x509_parser::extensions::GeneralName::IPAddress(b) => match b.len() {
+                        4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default())),
+                        16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default())),
+                        _ => {}
+                    },
+                    _ => {}
+                }
+            }
+        }
+        let server = cert
+            .extended_key_usage()
+            .ok()
+            .flatten()
+            .is_some_and(|eku| eku.value.server_auth);
+        let serial = hex::encode(cert.raw_serial());
+        let serial = serial.trim_start_matches('0');
+        Ok(CertInfo {
+            serial: if serial.is_empty() {
+                "0".into()
+            } else {
+                serial.into()
+            },
+            not_before: cert.validity().not_before.timestamp(),
+            not_after: cert.validity().not_after.timestamp(),
+            common_name: cert
+                .subject()
+                .iter_common_name()
+                .next()
+                .and_then(text)
+                .unwrap_or_default(),
+            organizations: cert
+                .subject()
+                .iter_organization()
+                .filter_map(text)
+                .collect(),
+            dns_names,
+            ips,
+            server,
+        })
+    }
+
+    /// Reads the first certificate of a PEM text.
+    pub fn from_pem(pem: &str) -> Result<CertInfo, String> {
+        Self::from_der(&cert_der(pem)?)
     }
 }
 
@@ -614,6 +736,33 @@ mod tests {
             "1.2.840.10045.4.3.2"
         );
         x.verify_signature(None).unwrap();
+    }
+
+    #[test]
+    fn renewal_keeps_subject_and_names_with_a_new_serial_and_lifetime() {
+        let ca = Ca::generate("ca").unwrap();
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let spoke = ca
+            .issue_client_for("spoke-a", &["trainhub:spokes"], 30)
+            .unwrap();
+        let before = CertInfo::from_pem(&spoke.cert_pem).unwrap();
+        assert_eq!((before.not_after - before.not_before) / 86_400, 30);
+        assert!(!before.server);
+        let renewed = ca.renew(&spoke.cert_pem, 7).unwrap();
+        let after = CertInfo::from_pem(&renewed.cert_pem).unwrap();
+        assert_eq!(after.common_name, "spoke-a");
+        assert_eq!(after.organizations, ["trainhub:spokes"]);
+        assert_ne!(after.serial, before.serial);
+        assert_ne!(renewed.key_pem, spoke.key_pem);
+        assert_eq!((after.not_after - after.not_before) / 86_400, 7);
+
+        let hub = ca.issue_server("hub", &["localhost"], &[ip]).unwrap();
+        let renewed = CertInfo::from_pem(&ca.renew(&hub.cert_pem, 90).unwrap().cert_pem).unwrap();
+        assert!(renewed.server);
+        assert_eq!(renewed.dns_names, ["localhost"]);
+        assert_eq!(renewed.ips, [ip]);
+        let zero = ca.issue_client_for("x", &[], 0).unwrap_err().to_string();
+        assert!(zero.contains("at least 1"), "{zero}");
     }
 
     #[test]

@@ -118,6 +118,33 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// As [`server_config`], with the serving certificate from `resolver`
+/// (a [`crate::reload::ReloadingCert`] follows rotated files).
+pub fn server_config_with_resolver(
+    resolver: Arc<dyn rustls::server::ResolvesServerCert>,
+    client_ca_pem: Option<&str>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = crypto_provider();
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match client_ca_pem {
+        Some(ca_pem) => {
+            let mut roots = RootCertStore::empty();
+            for cert in parse_certificates("client CA", ca_pem)? {
+                roots.add(cert)?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Timeouts and caps of [`serve_with`]. The defaults suit kubectl, the
 /// Kubernetes clients and many watchers; every one is a bound on what a
 /// client (or many from one address) can hold of the server.

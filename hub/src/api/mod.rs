@@ -1,6 +1,7 @@
 //! The hub's API: which resources it serves, read from the CRDs in
 //! `manifests/crds/` (so discovery, OpenAPI, printer columns and field
-//! pruning follow the same schema a real API server would enforce), plus the
+//! pruning follow the same schema a real API server would enforce): the
+//! trainer kinds and the hub's own `Spoke` (see [`crate::spokes`]), plus the
 //! read-only core views of what spokes report (pods, events), the
 //! configuration clients read (configmaps), namespaces (the tenants) and
 //! the self reviews of `kubectl auth`.
@@ -22,12 +23,18 @@ const CRDS: &[(&str, &str)] = &[
         "trainer.kubeflow.org_clustertrainingruntimes.yaml",
         include_str!("../../../manifests/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml"),
     ),
+    (
+        "trainhub.kubeflow.org_spokes.yaml",
+        include_str!("../../../manifests/crds/trainhub.kubeflow.org_spokes.yaml"),
+    ),
 ];
 
 /// Store keys of the trainer kinds.
 pub const TRAINJOBS: &str = "trainer.kubeflow.org/trainjobs";
 pub const TRAINING_RUNTIMES: &str = "trainer.kubeflow.org/trainingruntimes";
 pub const CLUSTER_TRAINING_RUNTIMES: &str = "trainer.kubeflow.org/clustertrainingruntimes";
+/// Store key of the hub's Spoke kind (cluster-scoped).
+pub const SPOKES: &str = "trainhub.kubeflow.org/spokes";
 pub const PODS: &str = "pods";
 pub const EVENTS: &str = "events";
 pub const CONFIGMAPS: &str = "configmaps";
@@ -39,10 +46,29 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
         let crd: Value = serde_saphyr::from_str(text).with_context(|| format!("parsing {file}"))?;
         defs.push(from_crd(&crd).with_context(|| format!("reading {file}"))?);
     }
+    if let Some(trainjobs) = defs.iter_mut().find(|d| d.store_key() == TRAINJOBS) {
+        trainjobs.printer_columns.push(spoke_column());
+    }
     defs.extend(core_resources());
     defs.push(trainhub_apiserver::namespace::resource_def());
     defs.extend(trainhub_apiserver::review::resource_defs());
     Ok(defs)
+}
+
+/// The SPOKE column of `kubectl get trainjobs`: where the TrainJob runs,
+/// from the annotation dispatch writes with its placement. It comes after
+/// upstream's own columns, which stay as upstream's CRD has them.
+fn spoke_column() -> PrinterColumn {
+    PrinterColumn {
+        name: "Spoke".into(),
+        type_: "string".into(),
+        json_path: format!(
+            ".metadata.annotations['{}']",
+            crate::dispatch::ANNOTATION_SPOKE
+        ),
+        description: "The spoke the TrainJob is placed on.".into(),
+        priority: 0,
+    }
 }
 
 /// A served resource from a CustomResourceDefinition (its first served
@@ -192,7 +218,13 @@ mod tests {
         assert_eq!(tj.version, "v1alpha1");
         assert_eq!(tj.kind, "TrainJob");
         assert!(tj.namespaced && tj.status_subresource);
-        assert_eq!(tj.printer_columns[0].name, "State");
+        let columns: Vec<&str> = tj.printer_columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(columns, ["State", "Age", "Spoke"]);
+        let placed = serde_json::json!({"metadata": {"annotations": {"trainhub.kubeflow.org/spoke": "gpu-1"}}});
+        assert_eq!(
+            trainhub_apiserver::table::jsonpath(&placed, &tj.printer_columns[2].json_path),
+            [Value::from("gpu-1")]
+        );
         assert_eq!(tj.store_key(), TRAINJOBS);
         let ctr = defs
             .iter()
@@ -204,6 +236,32 @@ mod tests {
             defs.iter()
                 .any(|d| d.store_key() == PODS && d.read_only && d.log_subresource)
         );
+        let spokes = defs.iter().find(|d| d.plural == "spokes").unwrap();
+        assert_eq!(spokes.group, "trainhub.kubeflow.org");
+        assert_eq!(spokes.kind, "Spoke");
+        assert!(!spokes.namespaced && spokes.status_subresource);
+        assert_eq!(spokes.short_names, ["sp"]);
+        assert_eq!(spokes.store_key(), SPOKES);
+        let columns: Vec<&str> = spokes
+            .printer_columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                "Status",
+                "Backend",
+                "Capacity",
+                "Free",
+                "Running",
+                "Last Heartbeat",
+                "Cert Expires",
+                "Age",
+                "Labels"
+            ]
+        );
+        assert_eq!(spokes.printer_columns[8].priority, 1);
         let ns = defs.iter().find(|d| d.plural == "namespaces").unwrap();
         assert!(!ns.namespaced && ns.short_names == ["ns"]);
         for plural in [

@@ -12,6 +12,20 @@
 //! Every run is named by `(run_id, generation)`: the TrainJob's uid and the
 //! number of its placement. Offers, starts and stops carry both; answers
 //! and reports about another generation than the current one are stale.
+//!
+//! Nothing stays stuck and no capacity leaks:
+//! - a placement loaded at start-up on a spoke that is not connected arms
+//!   the worker-lost timer from the load, as a disconnect would;
+//! - an offer not answered within `offer_timeout` is withdrawn and the job
+//!   nominated again;
+//! - every heartbeat lists the spoke's reservations: one the hub no longer
+//!   offers is withdrawn again, one it still offers counts as the admission
+//!   it never heard, one of a placement whose Start was lost gets the Start
+//!   again; an admission the hub is acting on that the spoke no longer
+//!   holds (it never started) is forgotten and the job nominated again;
+//! - a deleted TrainJob (its finalizer holds it) has its run stopped, and is
+//!   released once the spoke confirms, once the spoke is declared lost, or
+//!   after `deletion_timeout`.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -65,6 +79,10 @@ pub enum Want {
     Run,
     /// `spec.suspend`: not dispatched; a placed run is stopped.
     Suspend,
+    /// Being deleted (`metadata.deletionTimestamp`): a placed run is
+    /// stopped, and the TrainJob released ([`Action::Release`]) once that is
+    /// confirmed or given up.
+    Delete,
     /// Complete or Failed: the run stays on its spoke (its pods and logs
     /// remain readable) until the TrainJob is deleted.
     Finished,
@@ -115,6 +133,11 @@ pub struct Config {
     /// for it first, taking turns among equals; 0 offers to every eligible
     /// spoke, as MultiKueue does.
     pub fanout: usize,
+    /// An offer not answered this long is withdrawn (and counts as refused).
+    pub offer_timeout_ms: Millis,
+    /// A deleted TrainJob whose spoke has not confirmed the stop of its run
+    /// is released after this long.
+    pub deletion_timeout_ms: Millis,
 }
 
 impl Default for Config {
@@ -124,8 +147,36 @@ impl Default for Config {
             worker_lost_timeout_ms: 15 * 60 * 1000,
             retry_ms: 10_000,
             fanout: 0,
+            offer_timeout_ms: 60_000,
+            deletion_timeout_ms: 15 * 60 * 1000,
         }
     }
+}
+
+/// Reasons of the Events dispatch records on a TrainJob (UpperCamelCase, as
+/// Kubernetes spells event reasons).
+pub mod reason {
+    /// Placed on a spoke (recorded once the placement is committed).
+    pub const PLACED: &str = "Placed";
+    /// Requeued: its spoke stayed disconnected for the worker-lost timeout.
+    pub const SPOKE_LOST: &str = "SpokeLost";
+    /// An offer went unanswered for the offer timeout and was withdrawn.
+    pub const OFFER_EXPIRED: &str = "OfferExpired";
+    /// Requeued: the spoke that admitted it no longer holds the admission.
+    pub const ADMISSION_LOST: &str = "AdmissionLost";
+    /// Suspended: its run was stopped, or its offers withdrawn.
+    pub const SUSPENDED: &str = "Suspended";
+    /// Resumed after a suspension: queued again.
+    pub const RESUMED: &str = "Resumed";
+    /// Deleted: its run was stopped on its spoke.
+    pub const STOPPING: &str = "Stopping";
+    /// Requeued: its spoke fenced itself (cut off from the hub for its
+    /// fence-after) and stopped the run.
+    pub const FENCED: &str = "Fenced";
+    /// Requeued: its spoke's agent restarted and killed the run it found.
+    pub const SPOKE_RESTARTED: &str = "SpokeRestarted";
+    /// Requeued: its spoke lost the run for another reason it gave.
+    pub const RUN_LOST: &str = "RunLost";
 }
 
 /// Something for the runner to do. Sends are best effort (a lost message is
@@ -162,7 +213,22 @@ pub enum Action {
         generation: i64,
         reason: &'static str,
     },
+    /// Remove the hub's finalizer from TrainJob `uid`: its run is stopped
+    /// (or given up), or finished.
+    Release { job: JobKey, uid: String },
+    /// Record an Event on the TrainJob.
+    Event {
+        job: JobKey,
+        uid: String,
+        warning: bool,
+        reason: &'static str,
+        message: String,
+    },
 }
+
+/// Why a spoke says a run is lost, as the protocol spells it.
+pub const LOST_FENCED: &str = "Fenced";
+pub const LOST_SPOKE_RESTARTED: &str = "SpokeRestarted";
 
 /// Whether a spoke's report about a run is taken.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,7 +244,7 @@ pub enum Verdict {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum OfferState {
-    Pending,
+    Pending { at: Millis },
     Refused { at: Millis },
 }
 
@@ -198,6 +264,9 @@ enum Phase {
     Committing { spoke: String },
     /// Placed and (being) started.
     Placed { spoke: String },
+    /// Deleted while placed: its run is being stopped on `spoke`, since
+    /// `since`.
+    Deleting { spoke: String, since: Millis },
 }
 
 #[derive(Debug, Clone)]
@@ -205,6 +274,16 @@ struct Job {
     info: JobInfo,
     generation: i64,
     phase: Phase,
+    /// When the current generation was last told to start.
+    started_at: Option<Millis>,
+    /// Made idle by a suspension (so queuing it again is a resumption).
+    suspended: bool,
+    /// Finished on its spoke and released: nothing left to fence, so a
+    /// deletion need not wait for the spoke.
+    released: bool,
+    /// Committing: heartbeats of the admitting spoke since the admission
+    /// that did not list it.
+    missed_heartbeats: u8,
 }
 
 impl Job {
@@ -236,6 +315,16 @@ struct Spoke {
 }
 
 impl Spoke {
+    /// A spoke known only from a stored placement: not connected since `now`.
+    fn unseen(now: Millis) -> Spoke {
+        Spoke {
+            labels: Value::Null,
+            allocatable: Resources::new(),
+            free: Resources::new(),
+            disconnected_at: Some(now),
+        }
+    }
+
     fn could_ever_fit(&self, demand: &Resources) -> bool {
         demand
             .iter()
@@ -261,6 +350,22 @@ pub struct Dispatcher {
     /// Advances with every nomination, so that spokes with equal room take
     /// turns at the head of a limited fan-out.
     turn: usize,
+    /// Cordoned spokes (`Spoke.spec.unschedulable`): offered nothing new;
+    /// kept across reconnects.
+    unschedulable: BTreeSet<String>,
+}
+
+/// What the dispatcher knows of one spoke, for its `Spoke` status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpokeView {
+    pub labels: Value,
+    pub allocatable: Resources,
+    pub free: Resources,
+    /// When it disconnected; None while connected.
+    pub disconnected_at: Option<Millis>,
+    /// TrainJobs placed on it (committing or placed) that have not
+    /// finished.
+    pub running: usize,
 }
 
 impl Dispatcher {
@@ -272,7 +377,55 @@ impl Dispatcher {
             queue: BTreeSet::new(),
             spokes: BTreeMap::new(),
             turn: 0,
+            unschedulable: BTreeSet::new(),
         }
+    }
+
+    /// Cordons (`true`) or uncordons a spoke. A cordoned spoke is offered
+    /// nothing new; its placed runs and pending offers are left alone.
+    /// Uncordoning offers queued jobs at once.
+    pub fn set_unschedulable(
+        &mut self,
+        name: &str,
+        unschedulable: bool,
+        now: Millis,
+    ) -> Vec<Action> {
+        if unschedulable {
+            self.unschedulable.insert(name.to_string());
+            return Vec::new();
+        }
+        if self.unschedulable.remove(name) {
+            return self.dispatch_all(now);
+        }
+        Vec::new()
+    }
+
+    /// The spokes the dispatcher knows (connected, or disconnected and not
+    /// yet given up), by name.
+    pub fn spoke_views(&self) -> BTreeMap<String, SpokeView> {
+        let mut running: HashMap<&str, usize> = HashMap::new();
+        for job in self.jobs.values() {
+            if let Some(spoke) = job.placed_on()
+                && job.info.want == Want::Run
+            {
+                *running.entry(spoke).or_default() += 1;
+            }
+        }
+        self.spokes
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    SpokeView {
+                        labels: s.labels.clone(),
+                        allocatable: s.allocatable.clone(),
+                        free: s.free.clone(),
+                        disconnected_at: s.disconnected_at,
+                        running: running.get(name.as_str()).copied().unwrap_or(0),
+                    },
+                )
+            })
+            .collect()
     }
 
     pub fn config(&self) -> &Config {
@@ -315,7 +468,9 @@ impl Dispatcher {
     }
 
     /// A TrainJob appeared or changed. `placement` is what the store holds,
-    /// given when the job is first seen (at start-up, after a restart).
+    /// given when the job is first seen (at start-up, after a restart). A
+    /// placement on a spoke that is not connected arms the worker-lost timer
+    /// from `now`, so a spoke that never returns does not strand it.
     pub fn upsert_job(
         &mut self,
         info: JobInfo,
@@ -340,7 +495,12 @@ impl Dispatcher {
                     Some(Placement {
                         spoke: Some(spoke),
                         generation,
-                    }) => (generation, Phase::Placed { spoke }),
+                    }) => {
+                        self.spokes
+                            .entry(spoke.clone())
+                            .or_insert_with(|| Spoke::unseen(now));
+                        (generation, Phase::Placed { spoke })
+                    }
                     Some(Placement {
                         spoke: None,
                         generation,
@@ -352,11 +512,26 @@ impl Dispatcher {
                     info,
                     generation,
                     phase,
+                    started_at: None,
+                    suspended: false,
+                    released: false,
+                    missed_heartbeats: 0,
                 })
             }
         };
+        let uid = job.info.uid.clone();
+        let event = |reason: &'static str, message: String| Action::Event {
+            job: key.clone(),
+            uid: uid.clone(),
+            warning: false,
+            reason,
+            message,
+        };
         match (job.info.want, &job.phase) {
             (Want::Run, Phase::Idle) => {
+                if std::mem::take(&mut job.suspended) {
+                    actions.push(event(reason::RESUMED, "Resumed: queued again".into()));
+                }
                 job.generation += 1;
                 job.phase = Phase::Queued {
                     offers: BTreeMap::new(),
@@ -364,12 +539,34 @@ impl Dispatcher {
                     quota: initial_quota(self.config.mode),
                 };
             }
+            // Not placed: nothing to wait for.
+            (Want::Delete, Phase::Idle) => {
+                actions.push(Action::Release {
+                    job: key.clone(),
+                    uid: uid.clone(),
+                });
+            }
             // No longer wanted before a spoke admitted it.
-            (Want::Suspend | Want::Finished, Phase::Queued { offers, .. }) => {
+            (Want::Suspend | Want::Finished | Want::Delete, Phase::Queued { offers, .. }) => {
                 actions.extend(withdraw_all(offers.keys(), &job.info.uid, job.generation));
+                match job.info.want {
+                    Want::Delete => actions.push(Action::Release {
+                        job: key.clone(),
+                        uid: uid.clone(),
+                    }),
+                    Want::Suspend => {
+                        job.suspended = true;
+                        actions.push(event(
+                            reason::SUSPENDED,
+                            "Suspended: its offers were withdrawn".into(),
+                        ));
+                    }
+                    _ => {}
+                }
                 job.phase = Phase::Idle;
             }
             (Want::Suspend, Phase::Placed { spoke }) => {
+                let spoke = spoke.clone();
                 actions.push(Action::Stop {
                     spoke: spoke.clone(),
                     run_id: job.info.uid.clone(),
@@ -383,7 +580,64 @@ impl Dispatcher {
                         generation: job.generation,
                     },
                 });
+                actions.push(event(
+                    reason::SUSPENDED,
+                    format!(
+                        "Suspended: its run (placement {}) stopped on spoke {spoke}",
+                        job.generation
+                    ),
+                ));
+                job.suspended = true;
                 job.phase = Phase::Idle;
+            }
+            (Want::Suspend, Phase::Idle) => job.suspended = true,
+            // Its run ended: the finalizer has nothing left to guard (the
+            // spoke cleans up when the TrainJob is deleted, or when it
+            // reports the run once the TrainJob is gone).
+            (Want::Finished, Phase::Placed { .. }) if !job.released => {
+                job.released = true;
+                actions.push(Action::Release {
+                    job: key.clone(),
+                    uid: uid.clone(),
+                });
+            }
+            (Want::Delete, Phase::Placed { spoke }) if job.released => {
+                actions.push(Action::Stop {
+                    spoke: spoke.clone(),
+                    run_id: uid.clone(),
+                    generation: job.generation,
+                    reason: "deleted",
+                });
+                actions.push(Action::Release {
+                    job: key.clone(),
+                    uid: uid.clone(),
+                });
+                job.phase = Phase::Idle;
+            }
+            // Its spoke was given up already: nothing will confirm.
+            (Want::Delete, Phase::Placed { spoke }) if !self.spokes.contains_key(spoke) => {
+                job.phase = Phase::Idle;
+                actions.push(Action::Release {
+                    job: key.clone(),
+                    uid: uid.clone(),
+                });
+            }
+            (Want::Delete, Phase::Placed { spoke }) => {
+                let spoke = spoke.clone();
+                actions.push(Action::Stop {
+                    spoke: spoke.clone(),
+                    run_id: job.info.uid.clone(),
+                    generation: job.generation,
+                    reason: "deleted",
+                });
+                actions.push(event(
+                    reason::STOPPING,
+                    format!(
+                        "Deleted: stopping its run (placement {}) on spoke {spoke}",
+                        job.generation
+                    ),
+                ));
+                job.phase = Phase::Deleting { spoke, since: now };
             }
             // Committing: `committed` decides once the write is done.
             _ => {}
@@ -408,7 +662,9 @@ impl Dispatcher {
             Phase::Queued { offers, .. } => {
                 actions.extend(withdraw_all(offers.keys(), &run_id, job.generation));
             }
-            Phase::Placed { spoke } | Phase::Committing { spoke } => {
+            Phase::Placed { spoke }
+            | Phase::Committing { spoke }
+            | Phase::Deleting { spoke, .. } => {
                 actions.push(Action::Stop {
                     spoke,
                     run_id,
@@ -420,6 +676,24 @@ impl Dispatcher {
         }
         actions.push(Action::Forget { job: key.clone() });
         actions
+    }
+
+    /// A spoke confirmed that every run of `run_id` up to `generation` is
+    /// gone from it: a deleted TrainJob waiting on it is released.
+    pub fn run_stopped(&mut self, spoke: &str, run_id: &str, generation: i64) -> Vec<Action> {
+        let Some(job) = self.by_uid.get(run_id).and_then(|k| self.jobs.get_mut(k)) else {
+            return Vec::new();
+        };
+        match &job.phase {
+            Phase::Deleting { spoke: on, .. } if on == spoke && generation >= job.generation => {
+                job.phase = Phase::Idle;
+                vec![Action::Release {
+                    job: job.info.key.clone(),
+                    uid: job.info.uid.clone(),
+                }]
+            }
+            _ => Vec::new(),
+        }
     }
 
     /// A spoke (re)connected and listed the runs it holds: every run that
@@ -458,30 +732,61 @@ impl Dispatcher {
                 }),
             }
         }
-        for job in self.jobs.values() {
-            if let Phase::Placed { spoke } = &job.phase
-                && spoke == name
-                && job.info.want == Want::Run
-                && !holds_current.contains(&job.info.key)
-            {
-                actions.push(Action::Start {
-                    spoke: name.to_string(),
-                    job: job.info.key.clone(),
-                    run_id: job.info.uid.clone(),
-                    generation: job.generation,
-                });
+        let holds: BTreeSet<&str> = held.iter().map(|(id, _)| id.as_str()).collect();
+        for job in self.jobs.values_mut() {
+            match &job.phase {
+                Phase::Placed { spoke }
+                    if spoke == name
+                        && job.info.want == Want::Run
+                        && !holds_current.contains(&job.info.key) =>
+                {
+                    job.started_at = Some(now);
+                    actions.push(Action::Start {
+                        spoke: name.to_string(),
+                        job: job.info.key.clone(),
+                        run_id: job.info.uid.clone(),
+                        generation: job.generation,
+                    });
+                }
+                // Deleted while away: it no longer holds the run, so the
+                // stop is done (a run it still holds was stopped above).
+                Phase::Deleting { spoke, .. }
+                    if spoke == name && !holds.contains(job.info.uid.as_str()) =>
+                {
+                    job.phase = Phase::Idle;
+                    actions.push(Action::Release {
+                        job: job.info.key.clone(),
+                        uid: job.info.uid.clone(),
+                    });
+                }
+                _ => {}
             }
         }
         actions.extend(self.dispatch_all(now));
         actions
     }
 
-    /// A heartbeat: new capacity. Growing free capacity clears the spoke's
-    /// refusals and offers queued jobs again.
+    /// A heartbeat: new capacity, and every reservation the spoke holds
+    /// (`(run_id, generation)` of admitted offers neither started nor
+    /// withdrawn), reconciled both ways:
+    /// - one the hub no longer offers to this spoke is withdrawn (again);
+    /// - one the hub still offers counts as the admission it never heard;
+    /// - one of a placement on this spoke whose Start went out at least
+    ///   `retry_ms` ago gets the Start again (the Start was lost);
+    /// - an admission by this spoke whose placement is being written (so no
+    ///   Start went out yet) that two heartbeats in a row do not list is
+    ///   forgotten: the job is requeued under a new generation and nominated
+    ///   again. (A spoke lists a reservation on every heartbeat after its
+    ///   admission; two, so that a spoke that does not list reservations at
+    ///   all does not lose an admission to a write that is merely slow.)
+    ///
+    /// Growing free capacity clears the spoke's refusals and offers queued
+    /// jobs again. Safe to repeat: every answer is idempotent.
     pub fn spoke_heartbeat(
         &mut self,
         name: &str,
         capacity: Vec<(String, i64, i64)>,
+        reservations: &[(String, i64)],
         now: Millis,
     ) -> Vec<Action> {
         let Some(spoke) = self.spokes.get_mut(name) else {
@@ -493,8 +798,9 @@ impl Dispatcher {
             .any(|(r, f)| spoke.free.get(r).is_none_or(|old| f > old));
         spoke.allocatable = allocatable;
         spoke.free = free;
+        let mut actions = self.reconcile_reservations(name, reservations, now);
         if !grew {
-            return Vec::new();
+            return actions;
         }
         for job in self.jobs.values_mut() {
             if let Phase::Queued { offers, .. } = &mut job.phase
@@ -503,7 +809,120 @@ impl Dispatcher {
                 offers.remove(name);
             }
         }
-        self.dispatch_all(now)
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+
+    fn reconcile_reservations(
+        &mut self,
+        name: &str,
+        reservations: &[(String, i64)],
+        now: Millis,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        for (run_id, generation) in reservations {
+            let withdraw = Action::Withdraw {
+                spoke: name.to_string(),
+                run_id: run_id.clone(),
+                generation: *generation,
+            };
+            let Some(job) = self.by_uid.get(run_id).and_then(|k| self.jobs.get_mut(k)) else {
+                actions.push(withdraw);
+                continue;
+            };
+            if job.generation != *generation {
+                actions.push(withdraw);
+                continue;
+            }
+            match &job.phase {
+                Phase::Queued { offers, .. }
+                    if matches!(offers.get(name), Some(OfferState::Pending { .. })) =>
+                {
+                    actions.extend(self.admit_answer(name, run_id, *generation, true, now));
+                }
+                Phase::Committing { spoke } if spoke == name => {}
+                Phase::Placed { spoke } if spoke == name => {
+                    if job.info.want == Want::Run
+                        && job
+                            .started_at
+                            .is_some_and(|at| now.saturating_sub(at) >= self.config.retry_ms)
+                    {
+                        job.started_at = Some(now);
+                        actions.push(Action::Start {
+                            spoke: name.to_string(),
+                            job: job.info.key.clone(),
+                            run_id: run_id.clone(),
+                            generation: *generation,
+                        });
+                    }
+                }
+                _ => actions.push(withdraw),
+            }
+        }
+        let held: BTreeSet<(&str, i64)> = reservations
+            .iter()
+            .map(|(id, g)| (id.as_str(), *g))
+            .collect();
+        let mut lost = Vec::new();
+        for j in self.jobs.values_mut() {
+            if matches!(&j.phase, Phase::Committing { spoke } if spoke == name)
+                && !held.contains(&(j.info.uid.as_str(), j.generation))
+            {
+                j.missed_heartbeats = j.missed_heartbeats.saturating_add(1);
+                if j.missed_heartbeats >= 2 {
+                    lost.push(j.info.key.clone());
+                }
+            }
+        }
+        for key in lost {
+            actions.push(Action::Withdraw {
+                spoke: name.to_string(),
+                run_id: self.jobs[&key].info.uid.clone(),
+                generation: self.jobs[&key].generation,
+            });
+            let message = format!("Requeued: spoke {name} no longer holds its admission");
+            actions.extend(self.requeue(&key, reason::ADMISSION_LOST, message, now));
+            actions.extend(self.nominate(&key, now));
+        }
+        actions
+    }
+
+    /// Queues a job again under a new generation, committing that it is not
+    /// placed (before any new offer can be admitted and placed).
+    fn requeue(
+        &mut self,
+        key: &JobKey,
+        reason: &'static str,
+        message: String,
+        now: Millis,
+    ) -> Vec<Action> {
+        let Some(job) = self.jobs.get_mut(key) else {
+            return Vec::new();
+        };
+        job.generation += 1;
+        job.started_at = None;
+        job.phase = Phase::Queued {
+            offers: BTreeMap::new(),
+            round_started: now,
+            quota: initial_quota(self.config.mode),
+        };
+        self.queue.insert(job.queue_key());
+        vec![
+            Action::Commit {
+                job: key.clone(),
+                placement: Placement {
+                    spoke: None,
+                    generation: job.generation,
+                },
+            },
+            Action::Event {
+                job: key.clone(),
+                uid: job.info.uid.clone(),
+                warning: true,
+                reason,
+                message,
+            },
+        ]
     }
 
     /// The spoke's stream ended. Its pending offers count as refused; its
@@ -560,7 +979,9 @@ impl Dispatcher {
                 Vec::new()
             };
         };
-        if !current || !offers.contains_key(spoke) {
+        // Only a pending offer can win: an expired one was withdrawn.
+        let pending = matches!(offers.get(spoke), Some(OfferState::Pending { .. }));
+        if !current || !offers.contains_key(spoke) || (admitted && !pending) {
             return if admitted {
                 vec![withdraw()]
             } else {
@@ -585,6 +1006,7 @@ impl Dispatcher {
         job.phase = Phase::Committing {
             spoke: spoke.to_string(),
         };
+        job.missed_heartbeats = 0;
         self.queue.remove(&queue_key);
         actions.push(Action::Commit {
             job: key,
@@ -622,6 +1044,21 @@ impl Dispatcher {
             return Vec::new();
         }
         let run_id = job.info.uid.clone();
+        if !ok && job.info.want != Want::Run {
+            job.phase = Phase::Idle;
+            let mut actions = vec![Action::Withdraw {
+                spoke,
+                run_id: run_id.clone(),
+                generation: placement.generation,
+            }];
+            if job.info.want == Want::Delete {
+                actions.push(Action::Release {
+                    job: key.clone(),
+                    uid: run_id,
+                });
+            }
+            return actions;
+        }
         if !ok {
             job.phase = Phase::Queued {
                 offers: BTreeMap::new(),
@@ -640,13 +1077,30 @@ impl Dispatcher {
         job.phase = Phase::Placed {
             spoke: spoke.clone(),
         };
+        job.released = false;
         match job.info.want {
-            Want::Run => vec![Action::Start {
-                spoke,
-                job: key.clone(),
-                run_id,
-                generation: placement.generation,
-            }],
+            Want::Run => {
+                job.started_at = Some(now);
+                vec![Action::Start {
+                    spoke,
+                    job: key.clone(),
+                    run_id,
+                    generation: placement.generation,
+                }]
+            }
+            // Deleted while the write was in flight.
+            Want::Delete => {
+                job.phase = Phase::Deleting {
+                    spoke: spoke.clone(),
+                    since: now,
+                };
+                vec![Action::Stop {
+                    spoke,
+                    run_id,
+                    generation: placement.generation,
+                    reason: "deleted",
+                }]
+            }
             // Suspended or finished while the write was in flight.
             Want::Suspend | Want::Finished => {
                 let generation = job.generation;
@@ -679,7 +1133,10 @@ impl Dispatcher {
         if job.placed_on() == Some(spoke) && job.generation == generation {
             return Verdict::Accept(job.info.key.clone());
         }
-        if generation < job.generation || matches!(job.phase, Phase::Idle) {
+        if generation < job.generation
+            || matches!(&job.phase, Phase::Idle)
+            || matches!(&job.phase, Phase::Deleting { spoke: on, .. } if on == spoke)
+        {
             // It was placed here once (an older generation) or not at all;
             // an older generation is only stale if it could have been here.
             return Verdict::Stale;
@@ -687,8 +1144,54 @@ impl Dispatcher {
         Verdict::Foreign
     }
 
-    /// Time passes: lost spokes are given up (their runs requeued),
-    /// incremental rounds widen, refusals expire.
+    /// A spoke says it stopped run `(run_id, generation)` without being
+    /// asked (`reason`: it fenced itself, or restarted and killed what it
+    /// found). If that is the TrainJob's current placement on this spoke,
+    /// the TrainJob is queued again at once under a new generation, as a
+    /// lost spoke's are; a lost run of any other generation or spoke
+    /// changes nothing. The lost run itself is then stale, and stopped
+    /// when the spoke lists it.
+    pub fn run_lost(
+        &mut self,
+        spoke: &str,
+        run_id: &str,
+        generation: i64,
+        reason: &str,
+        now: Millis,
+    ) -> Vec<Action> {
+        let Some(job) = self.by_uid.get(run_id).and_then(|k| self.jobs.get_mut(k)) else {
+            return Vec::new();
+        };
+        let placed_here = matches!(&job.phase, Phase::Placed { spoke: s } if s == spoke);
+        if !placed_here || job.generation != generation || job.info.want != Want::Run {
+            return Vec::new();
+        }
+        let key = job.info.key.clone();
+        let (why, message) = match reason {
+            LOST_FENCED => (
+                reason::FENCED,
+                format!(
+                    "Requeued: spoke {spoke} fenced itself (it heard nothing from the hub for its fence-after) and stopped the run"
+                ),
+            ),
+            LOST_SPOKE_RESTARTED => (
+                reason::SPOKE_RESTARTED,
+                format!("Requeued: spoke {spoke} restarted and killed the run's processes"),
+            ),
+            other => (
+                reason::RUN_LOST,
+                format!("Requeued: spoke {spoke} lost the run ({other:.64})"),
+            ),
+        };
+        let mut actions = self.requeue(&key, why, message, now);
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+
+    /// Time passes: lost spokes are given up (their runs requeued, the
+    /// deleted TrainJobs waiting on them released), deletions waiting past
+    /// `deletion_timeout` released, unanswered offers past `offer_timeout`
+    /// withdrawn, incremental rounds widen, refusals expire.
     pub fn tick(&mut self, now: Millis) -> Vec<Action> {
         let lost: Vec<String> = self
             .spokes
@@ -702,44 +1205,81 @@ impl Dispatcher {
         let mut actions = Vec::new();
         for name in &lost {
             self.spokes.remove(name);
-            for job in self.jobs.values_mut() {
-                let placed_here = matches!(&job.phase, Phase::Placed { spoke } if spoke == name);
-                if placed_here && job.info.want == Want::Run {
-                    job.generation += 1;
-                    job.phase = Phase::Queued {
-                        offers: BTreeMap::new(),
-                        round_started: now,
-                        quota: initial_quota(self.config.mode),
-                    };
-                    self.queue.insert(job.queue_key());
-                    actions.push(Action::Commit {
-                        job: job.info.key.clone(),
-                        placement: Placement {
-                            spoke: None,
-                            generation: job.generation,
-                        },
-                    });
-                }
+            let requeue: Vec<JobKey> = self
+                .jobs
+                .values()
+                .filter(|job| {
+                    job.info.want == Want::Run
+                        && matches!(&job.phase, Phase::Placed { spoke } if spoke == name)
+                })
+                .map(|job| job.info.key.clone())
+                .collect();
+            for key in requeue {
+                let message = format!(
+                    "Requeued: spoke {name} stayed disconnected for the worker-lost timeout ({}s)",
+                    self.config.worker_lost_timeout_ms / 1000
+                );
+                actions.extend(self.requeue(&key, reason::SPOKE_LOST, message, now));
             }
         }
         let retry_ms = self.config.retry_ms;
+        let offer_timeout_ms = self.config.offer_timeout_ms;
+        let deletion_timeout_ms = self.config.deletion_timeout_ms;
         for job in self.jobs.values_mut() {
-            if let Phase::Queued {
-                offers,
-                round_started,
-                quota,
-            } = &mut job.phase
-            {
-                offers.retain(|_, state| match state {
-                    OfferState::Refused { at } => now.saturating_sub(*at) < retry_ms,
-                    OfferState::Pending => true,
-                });
-                if let Mode::Incremental { step, round_ms } = self.config.mode
-                    && now.saturating_sub(*round_started) >= round_ms
-                {
-                    *round_started = now;
-                    *quota = quota.saturating_add(step);
+            let uid = job.info.uid.clone();
+            match &mut job.phase {
+                Phase::Queued {
+                    offers,
+                    round_started,
+                    quota,
+                } => {
+                    let mut expired = Vec::new();
+                    offers.retain(|spoke, state| match state {
+                        OfferState::Refused { at } => now.saturating_sub(*at) < retry_ms,
+                        OfferState::Pending { at } => {
+                            if now.saturating_sub(*at) >= offer_timeout_ms {
+                                expired.push(spoke.clone());
+                            }
+                            true
+                        }
+                    });
+                    for spoke in expired {
+                        offers.insert(spoke.clone(), OfferState::Refused { at: now });
+                        actions.push(Action::Withdraw {
+                            spoke: spoke.clone(),
+                            run_id: uid.clone(),
+                            generation: job.generation,
+                        });
+                        actions.push(Action::Event {
+                            job: job.info.key.clone(),
+                            uid: uid.clone(),
+                            warning: true,
+                            reason: reason::OFFER_EXPIRED,
+                            message: format!(
+                                "The offer to spoke {spoke} (placement {}) went unanswered for {}s and was withdrawn",
+                                job.generation,
+                                offer_timeout_ms / 1000
+                            ),
+                        });
+                    }
+                    if let Mode::Incremental { step, round_ms } = self.config.mode
+                        && now.saturating_sub(*round_started) >= round_ms
+                    {
+                        *round_started = now;
+                        *quota = quota.saturating_add(step);
+                    }
                 }
+                Phase::Deleting { spoke, since }
+                    if lost.contains(spoke)
+                        || now.saturating_sub(*since) >= deletion_timeout_ms =>
+                {
+                    job.phase = Phase::Idle;
+                    actions.push(Action::Release {
+                        job: job.info.key.clone(),
+                        uid,
+                    });
+                }
+                _ => {}
             }
         }
         actions.extend(self.dispatch_all(now));
@@ -759,7 +1299,7 @@ impl Dispatcher {
     /// Offers one queued job to more spokes, within its quota (or its
     /// fan-out): connected, matching its selector, with room for the whole
     /// gang now.
-    fn nominate(&mut self, key: &JobKey, _now: Millis) -> Vec<Action> {
+    fn nominate(&mut self, key: &JobKey, now: Millis) -> Vec<Action> {
         let fanout = match self.config.mode {
             Mode::AllAtOnce if self.config.fanout > 0 => Some(self.config.fanout),
             _ => None,
@@ -778,6 +1318,7 @@ impl Dispatcher {
             .iter()
             .filter(|(name, spoke)| {
                 spoke.disconnected_at.is_none()
+                    && !self.unschedulable.contains(*name)
                     && !offers.contains_key(*name)
                     && spoke.could_ever_fit(&demand)
                     && spoke.fits_now(&demand)
@@ -799,14 +1340,14 @@ impl Dispatcher {
                 eligible.sort_by(|a, b| headroom(b.1, &demand).total_cmp(&headroom(a.1, &demand)));
                 let pending = offers
                     .values()
-                    .filter(|s| matches!(s, OfferState::Pending))
+                    .filter(|s| matches!(s, OfferState::Pending { .. }))
                     .count();
                 fanout.saturating_sub(pending)
             }
         };
         let mut actions = Vec::new();
         for (name, _) in eligible.into_iter().take(room) {
-            offers.insert(name.clone(), OfferState::Pending);
+            offers.insert(name.clone(), OfferState::Pending { at: now });
             actions.push(Action::Offer {
                 spoke: name.clone(),
                 job: key.clone(),
@@ -912,12 +1453,54 @@ mod tests {
             .collect()
     }
 
+    fn events(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn released(actions: &[Action]) -> Vec<String> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Release { job, .. } => Some(job.name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn withdrawals(actions: &[Action]) -> Vec<(String, String, i64)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Withdraw {
+                    spoke,
+                    run_id,
+                    generation,
+                } => Some((spoke.clone(), run_id.clone(), *generation)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn deleting(name: &str) -> JobInfo {
+        let mut j = job(name, 1000, 1);
+        j.want = Want::Delete;
+        j
+    }
+
     fn dispatcher(mode: Mode) -> Dispatcher {
         Dispatcher::new(Config {
             mode,
             worker_lost_timeout_ms: 1000,
             retry_ms: 500,
             fanout: 0,
+            offer_timeout_ms: 2000,
+            deletion_timeout_ms: 3000,
         })
     }
 
@@ -940,6 +1523,291 @@ mod tests {
         let mut all = actions;
         all.extend(d.committed(&key(name), &placement, true, 0));
         all
+    }
+
+    #[test]
+    fn after_a_hub_restart_a_placement_on_a_spoke_that_never_returns_is_requeued() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        let placed = Placement {
+            spoke: Some("gone".into()),
+            generation: 2,
+        };
+        // Loaded at 100: the timer runs from the load.
+        assert!(
+            d.upsert_job(job("j", 1000, 1), Some(placed), 100)
+                .is_empty()
+        );
+        connect(&mut d, "b", json!({}), 8000);
+        assert_eq!(d.connected_spokes(), 1, "the absent spoke is not counted");
+        assert!(d.tick(1000).is_empty(), "not lost yet");
+        assert_eq!(d.placement(&key("j")), Some(("gone", 2)));
+        let actions = d.tick(1100);
+        assert!(actions.contains(&Action::Commit {
+            job: key("j"),
+            placement: Placement {
+                spoke: None,
+                generation: 3
+            }
+        }));
+        assert_eq!(events(&actions), vec![reason::SPOKE_LOST]);
+        assert_eq!(offers(&actions), vec![("b".into(), "j".into(), 3)]);
+    }
+
+    #[test]
+    fn after_a_hub_restart_a_spoke_that_returns_in_time_keeps_its_placement() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        let placed = Placement {
+            spoke: Some("a".into()),
+            generation: 1,
+        };
+        d.upsert_job(job("j", 1000, 1), Some(placed), 0);
+        assert!(
+            d.spoke_connected("a", json!({}), cpu(8000, 7000), &[("uid-j".into(), 1)], 500)
+                .is_empty()
+        );
+        assert!(d.tick(5000).is_empty(), "connected: never lost");
+        assert_eq!(d.placement(&key("j")), Some(("a", 1)));
+    }
+
+    #[test]
+    fn an_unanswered_offer_expires_is_withdrawn_and_offered_again() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        d.spoke_connected("b", json!({}), cpu(8000, 8000), &[], 1000);
+        // Neither answers.
+        assert!(withdrawals(&d.tick(1999)).is_empty());
+        let actions = d.tick(2000);
+        assert_eq!(withdrawals(&actions), vec![("a".into(), "uid-j".into(), 1)]);
+        assert_eq!(events(&actions), vec![reason::OFFER_EXPIRED]);
+        // Counted as a refusal: offered to a again after the retry time.
+        assert!(offers(&actions).is_empty());
+        let actions = d.tick(2500);
+        assert_eq!(offers(&actions), vec![("a".into(), "j".into(), 1)]);
+        assert!(withdrawals(&actions).is_empty());
+        assert_eq!(
+            withdrawals(&d.tick(3000)),
+            vec![("b".into(), "uid-j".into(), 1)]
+        );
+        // b admits after its offer expired: it cannot win, it is withdrawn.
+        assert_eq!(
+            d.admit_answer("b", "uid-j", 1, true, 3050),
+            vec![Action::Withdraw {
+                spoke: "b".into(),
+                run_id: "uid-j".into(),
+                generation: 1
+            }]
+        );
+        // A timely answer wins as usual.
+        let actions = d.admit_answer("a", "uid-j", 1, true, 3100);
+        assert!(actions.iter().any(|a| matches!(a, Action::Commit { .. })));
+    }
+
+    #[test]
+    fn a_reservation_the_hub_no_longer_offers_is_withdrawn_again() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        connect(&mut d, "b", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "b");
+        // a admitted late; its Withdraw was lost: it still lists it.
+        let actions = d.spoke_heartbeat(
+            "a",
+            cpu(8000, 7000),
+            &[("uid-j".into(), 1), ("uid-gone".into(), 4)],
+            10,
+        );
+        assert_eq!(
+            withdrawals(&actions),
+            vec![
+                ("a".into(), "uid-j".into(), 1),
+                ("a".into(), "uid-gone".into(), 4)
+            ]
+        );
+        // The winner's own reservation (its Start in flight) is left alone.
+        assert!(
+            d.spoke_heartbeat("b", cpu(8000, 7000), &[("uid-j".into(), 1)], 20)
+                .is_empty()
+        );
+        // An older generation is withdrawn.
+        assert_eq!(
+            withdrawals(&d.spoke_heartbeat("b", cpu(8000, 7000), &[("uid-j".into(), 0)], 30)),
+            vec![("b".into(), "uid-j".into(), 0)]
+        );
+    }
+
+    #[test]
+    fn a_reservation_of_a_pending_offer_is_the_admission_the_hub_never_heard() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        let actions = d.spoke_heartbeat("a", cpu(8000, 7000), &[("uid-j".into(), 1)], 10);
+        assert_eq!(
+            actions,
+            vec![Action::Commit {
+                job: key("j"),
+                placement: Placement {
+                    spoke: Some("a".into()),
+                    generation: 1
+                }
+            }]
+        );
+        // The answer arriving after all changes nothing.
+        assert!(d.admit_answer("a", "uid-j", 1, true, 11).is_empty());
+    }
+
+    #[test]
+    fn a_placement_whose_start_was_lost_is_started_again() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        let start = Action::Start {
+            spoke: "a".into(),
+            job: key("j"),
+            run_id: "uid-j".into(),
+            generation: 1,
+        };
+        // Within the retry time the Start may still be on its way.
+        assert!(
+            d.spoke_heartbeat("a", cpu(8000, 7000), &[("uid-j".into(), 1)], 100)
+                .is_empty()
+        );
+        assert_eq!(
+            d.spoke_heartbeat("a", cpu(8000, 7000), &[("uid-j".into(), 1)], 500),
+            vec![start.clone()]
+        );
+        assert!(
+            d.spoke_heartbeat("a", cpu(8000, 7000), &[("uid-j".into(), 1)], 600)
+                .is_empty(),
+            "once per retry time"
+        );
+    }
+
+    #[test]
+    fn an_admission_the_spoke_no_longer_holds_is_forgotten_and_the_job_nominated_again() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        d.admit_answer("a", "uid-j", 1, true, 10);
+        // The placement is being written; the spoke lists no reservation,
+        // twice in a row.
+        assert!(d.spoke_heartbeat("a", cpu(8000, 8000), &[], 15).is_empty());
+        let actions = d.spoke_heartbeat("a", cpu(8000, 8000), &[], 20);
+        assert!(actions.contains(&Action::Commit {
+            job: key("j"),
+            placement: Placement {
+                spoke: None,
+                generation: 2
+            }
+        }));
+        assert_eq!(events(&actions), vec![reason::ADMISSION_LOST]);
+        assert_eq!(offers(&actions), vec![("a".into(), "j".into(), 2)]);
+        // The write of the old placement lands: nothing starts.
+        let old = Placement {
+            spoke: Some("a".into()),
+            generation: 1,
+        };
+        assert!(d.committed(&key("j"), &old, true, 30).is_empty());
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+    }
+
+    #[test]
+    fn a_deleted_trainjob_never_placed_is_released_at_once() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        assert!(d.upsert_job(job("idle", 1000, 1), None, 0).is_empty());
+        assert_eq!(released(&d.upsert_job(deleting("idle"), None, 1)), ["idle"]);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("q", 1000, 1), None, 0);
+        let actions = d.upsert_job(deleting("q"), None, 1);
+        assert_eq!(withdrawals(&actions), vec![("a".into(), "uid-q".into(), 1)]);
+        assert_eq!(released(&actions), ["q"]);
+        assert!(offers(&d.tick(10)).is_empty(), "never offered again");
+    }
+
+    #[test]
+    fn a_deleted_trainjob_is_released_when_its_spoke_confirms_the_stop() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        let actions = d.upsert_job(deleting("j"), None, 10);
+        assert!(actions.contains(&Action::Stop {
+            spoke: "a".into(),
+            run_id: "uid-j".into(),
+            generation: 1,
+            reason: "deleted"
+        }));
+        assert!(released(&actions).is_empty(), "waits for the spoke");
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+        assert!(d.run_stopped("b", "uid-j", 1).is_empty(), "another spoke");
+        assert!(d.run_stopped("a", "uid-j", 0).is_empty(), "an older run");
+        assert_eq!(released(&d.run_stopped("a", "uid-j", 1)), ["j"]);
+        assert!(released(&d.tick(100_000)).is_empty(), "released once");
+    }
+
+    #[test]
+    fn a_deleted_trainjob_is_released_when_its_spoke_returns_without_the_run() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        d.spoke_disconnected("a", 5);
+        d.upsert_job(deleting("j"), None, 10);
+        // Back still holding it: stopped again, still waiting.
+        let actions =
+            d.spoke_connected("a", json!({}), cpu(8000, 7000), &[("uid-j".into(), 1)], 20);
+        assert!(released(&actions).is_empty());
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::Stop { generation: 1, .. }))
+        );
+        d.spoke_disconnected("a", 30);
+        let actions = d.spoke_connected("a", json!({}), cpu(8000, 8000), &[], 40);
+        assert_eq!(released(&actions), ["j"]);
+    }
+
+    #[test]
+    fn a_finished_trainjob_is_released_and_its_deletion_waits_for_nothing() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        let mut finished = job("j", 1000, 1);
+        finished.want = Want::Finished;
+        assert_eq!(released(&d.upsert_job(finished.clone(), None, 10)), ["j"]);
+        assert!(
+            released(&d.upsert_job(finished, None, 11)).is_empty(),
+            "once"
+        );
+        let actions = d.upsert_job(deleting("j"), None, 20);
+        assert_eq!(released(&actions), ["j"]);
+        assert!(actions.iter().any(|a| matches!(
+            a,
+            Action::Stop {
+                reason: "deleted",
+                ..
+            }
+        )));
+    }
+
+    #[test]
+    fn a_deleted_trainjob_is_released_when_its_spoke_is_lost_or_after_the_bound() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        connect(&mut d, "b", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        d.upsert_job(job("k", 1000, 1), None, 0);
+        place(&mut d, "k", "b");
+        d.spoke_disconnected("a", 100);
+        d.upsert_job(deleting("j"), None, 100);
+        d.upsert_job(deleting("k"), None, 100);
+        // a is lost at 1100: j is released; k's spoke never answers.
+        assert_eq!(released(&d.tick(1100)), ["j"]);
+        assert!(released(&d.tick(3099)).is_empty());
+        assert_eq!(released(&d.tick(3100)), ["k"]);
     }
 
     #[test]
@@ -1119,21 +1987,49 @@ mod tests {
     }
 
     #[test]
+    fn a_cordoned_spoke_gets_no_offers_until_uncordoned_and_keeps_its_runs() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        connect(&mut d, "b", json!({}), 8000);
+        d.upsert_job(job("placed", 1000, 1), None, 0);
+        place(&mut d, "placed", "a");
+        assert!(d.set_unschedulable("a", true, 0).is_empty());
+        assert_eq!(
+            offers(&d.upsert_job(job("j", 1000, 1), None, 0)),
+            vec![("b".into(), "j".into(), 1)]
+        );
+        // Nothing changed for the run already there.
+        assert_eq!(d.placement(&key("placed")), Some(("a", 1)));
+        assert_eq!(d.spoke_views()["a"].running, 1);
+        // Still cordoned after a reconnect.
+        d.spoke_disconnected("a", 5);
+        d.spoke_connected("a", json!({}), cpu(8000, 7000), &[], 6);
+        assert!(
+            offers(&d.upsert_job(job("k", 1000, 1), None, 7))
+                .iter()
+                .all(|(s, ..)| s != "a")
+        );
+        // Uncordoned: the queued jobs are offered to it at once.
+        let again = offers(&d.set_unschedulable("a", false, 8));
+        assert!(again.iter().any(|(s, ..)| s == "a"), "{again:?}");
+    }
+
+    #[test]
     fn a_refusal_is_retried_when_capacity_grows_or_after_retry_time() {
         let mut d = dispatcher(Mode::AllAtOnce);
         connect(&mut d, "a", json!({}), 8000);
         d.upsert_job(job("j", 1000, 1), None, 0);
         assert!(offers(&d.admit_answer("a", "uid-j", 1, false, 10)).is_empty());
         // Same free capacity: no new offer.
-        assert!(offers(&d.spoke_heartbeat("a", cpu(8000, 8000), 20)).is_empty());
+        assert!(offers(&d.spoke_heartbeat("a", cpu(8000, 8000), &[], 20)).is_empty());
         assert!(offers(&d.tick(100)).is_empty());
         // The retry time passed.
         assert_eq!(offers(&d.tick(600)).len(), 1);
         d.admit_answer("a", "uid-j", 1, false, 600);
         // Capacity grew.
-        d.spoke_heartbeat("a", cpu(8000, 4000), 610);
+        d.spoke_heartbeat("a", cpu(8000, 4000), &[], 610);
         assert_eq!(
-            offers(&d.spoke_heartbeat("a", cpu(8000, 6000), 620)).len(),
+            offers(&d.spoke_heartbeat("a", cpu(8000, 6000), &[], 620)).len(),
             1
         );
     }
@@ -1180,6 +2076,60 @@ mod tests {
         assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
         assert_eq!(d.check_run("b", "uid-j", 2), Verdict::Accept(key("j")));
         assert_eq!(d.check_run("a", "uid-j", 2), Verdict::Foreign);
+    }
+
+    #[test]
+    fn a_run_the_spoke_lost_is_requeued_at_once_and_an_older_one_changes_nothing() {
+        let mut d = dispatcher(Mode::AllAtOnce);
+        connect(&mut d, "a", json!({}), 8000);
+        d.upsert_job(job("j", 1000, 1), None, 0);
+        place(&mut d, "j", "a");
+        connect(&mut d, "b", json!({}), 8000);
+        // Another spoke, or a generation that is not the placement's: nothing.
+        assert!(d.run_lost("b", "uid-j", 1, LOST_FENCED, 10).is_empty());
+        assert!(d.run_lost("a", "uid-j", 0, LOST_FENCED, 10).is_empty());
+        assert!(d.run_lost("a", "uid-other", 1, LOST_FENCED, 10).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("a", 1)));
+        // The placement's run: requeued under generation 2 with the reason,
+        // and offered again (a, which restarted, too), without waiting for
+        // the worker-lost timeout.
+        d.spoke_disconnected("a", 20);
+        connect(&mut d, "a", json!({}), 8000);
+        let actions = d.run_lost("a", "uid-j", 1, LOST_SPOKE_RESTARTED, 30);
+        assert_eq!(
+            actions[..2],
+            [
+                Action::Commit {
+                    job: key("j"),
+                    placement: Placement {
+                        spoke: None,
+                        generation: 2
+                    }
+                },
+                Action::Event {
+                    job: key("j"),
+                    uid: "uid-j".into(),
+                    warning: true,
+                    reason: reason::SPOKE_RESTARTED,
+                    message: "Requeued: spoke a restarted and killed the run's processes".into(),
+                }
+            ]
+        );
+        let mut offered = offers(&actions);
+        offered.sort();
+        assert_eq!(
+            offered,
+            vec![("a".into(), "j".into(), 2), ("b".into(), "j".into(), 2)]
+        );
+        // Said again (a second hello): the run is now stale, nothing more.
+        assert!(
+            d.run_lost("a", "uid-j", 1, LOST_SPOKE_RESTARTED, 40)
+                .is_empty()
+        );
+        assert_eq!(d.check_run("a", "uid-j", 1), Verdict::Stale);
+        place(&mut d, "j", "b");
+        assert!(d.run_lost("a", "uid-j", 1, LOST_FENCED, 50).is_empty());
+        assert_eq!(d.placement(&key("j")), Some(("b", 2)));
     }
 
     #[test]
@@ -1253,13 +2203,19 @@ mod tests {
                         spoke: None,
                         generation: 1
                     }
+                },
+                Action::Event {
+                    job: key("j"),
+                    uid: "uid-j".into(),
+                    warning: false,
+                    reason: reason::SUSPENDED,
+                    message: "Suspended: its run (placement 1) stopped on spoke a".into()
                 }
             ]
         );
-        assert_eq!(
-            offers(&d.upsert_job(job("j", 1000, 1), None, 2)),
-            vec![("a".into(), "j".into(), 2)]
-        );
+        let actions = d.upsert_job(job("j", 1000, 1), None, 2);
+        assert_eq!(offers(&actions), vec![("a".into(), "j".into(), 2)]);
+        assert_eq!(events(&actions), vec![reason::RESUMED]);
     }
 
     #[test]

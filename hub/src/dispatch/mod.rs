@@ -12,7 +12,10 @@
 //! TrainJob annotations read here (documented in the README):
 //! `trainhub.kubeflow.org/priority` (an integer, higher first) and
 //! `trainhub.kubeflow.org/spoke-selector` (a label selector over spoke
-//! labels, e.g. `region=eu,gpu.product in (H100,A100)`).
+//! labels, e.g. `region=eu,gpu.product in (H100,A100)`). Written here, in
+//! the same store write as the placement: `trainhub.kubeflow.org/spoke`
+//! (the spoke running it; the SPOKE column) and the finalizer
+//! [`FINALIZER`].
 
 pub mod authority;
 pub mod core;
@@ -64,6 +67,10 @@ pub const REASON_PLUGIN_CALL_DEFERRED: &str = "PluginCallDeferred";
 /// Backoff of a deferred plugin call: 1 s, doubling, at most 5 minutes.
 const DEFER_FIRST: Duration = Duration::from_secs(1);
 const DEFER_MAX: Duration = Duration::from_secs(300);
+/// The finalizer a TrainJob gets with its first placement: a deleted
+/// TrainJob stays (with `deletionTimestamp`) until its run is stopped on
+/// its spoke, the spoke is declared lost, or the deletion timeout passes.
+pub const FINALIZER: &str = "trainhub.kubeflow.org/run-cleanup";
 
 /// How dispatch behaves.
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +78,10 @@ pub struct DispatchConfig {
     pub core: core::Config,
     /// How often time-driven decisions are taken.
     pub tick: Duration,
+    /// A session from which nothing has arrived for this long is ended (a
+    /// disconnect: the worker-lost timer starts), so a half-open
+    /// connection (a partition) is noticed.
+    pub spoke_silence: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -78,8 +89,27 @@ impl Default for DispatchConfig {
         DispatchConfig {
             core: core::Config::default(),
             tick: Duration::from_secs(1),
+            spoke_silence: Duration::from_secs(30),
         }
     }
+}
+
+/// The nesting of timers that keeps a run from running twice: a spoke's
+/// fence-after (after which it stops its runs) must be set and strictly
+/// shorter than the hub's worker-lost timeout (after which the hub places
+/// them elsewhere).
+///
+/// # Errors
+///
+/// The rule broken, naming both values.
+pub fn check_fence_after(fence_after_ms: i64, worker_lost_timeout_ms: u64) -> Result<(), String> {
+    let lost = i64::try_from(worker_lost_timeout_ms).unwrap_or(i64::MAX);
+    if fence_after_ms <= 0 || fence_after_ms >= lost {
+        return Err(format!(
+            "fence_after_ms {fence_after_ms} of the spoke must be more than 0 and strictly less than the hub's worker-lost timeout ({lost} ms): a spoke cut off from the hub must stop its runs before the hub places them elsewhere; set trainspoke --fence-after-seconds below the hub's --worker-lost-timeout-seconds"
+        ));
+    }
+    Ok(())
 }
 
 /// Dispatch flags of `trainhub serve` and `trainhub dev`.
@@ -95,13 +125,27 @@ pub struct DispatchArgs {
     #[arg(long, default_value_t = 300)]
     pub incremental_round_seconds: u64,
     /// A spoke disconnected this long is given up and its TrainJobs requeued.
+    /// Also armed at start for every placement on a spoke not connected.
     #[arg(long, default_value_t = 900)]
     pub worker_lost_timeout_seconds: u64,
+    /// An offer a spoke has not answered this long is withdrawn and the
+    /// TrainJob offered again.
+    #[arg(long, default_value_t = 60)]
+    pub offer_timeout_seconds: u64,
+    /// A deleted TrainJob whose spoke has not confirmed the stop of its run
+    /// is let go after this long [default: the worker-lost timeout].
+    #[arg(long)]
+    pub deletion_timeout_seconds: Option<u64>,
     /// AllAtOnce: offer each TrainJob to at most this many spokes at once,
     /// those with the most room for it first (a refusal frees a place);
     /// 0 offers to every eligible spoke.
     #[arg(long, default_value_t = 0)]
     pub dispatch_fanout: usize,
+    /// A spoke session from which nothing (not even a heartbeat) has
+    /// arrived for this many seconds is ended and counts as a disconnect,
+    /// so a half-open connection starts the worker-lost timer.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub spoke_silence_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,7 +161,10 @@ impl DispatchArgs {
             incremental_step,
             incremental_round_seconds,
             worker_lost_timeout_seconds,
+            offer_timeout_seconds,
+            deletion_timeout_seconds,
             dispatch_fanout,
+            spoke_silence_seconds,
         } = self;
         let mode = match dispatch_mode {
             ModeArg::AllAtOnce => core::Mode::AllAtOnce,
@@ -127,15 +174,23 @@ impl DispatchArgs {
             },
         };
         let lost_ms = worker_lost_timeout_seconds.saturating_mul(1000);
+        let offer_ms = offer_timeout_seconds.saturating_mul(1000);
+        let deletion_ms = deletion_timeout_seconds
+            .unwrap_or(*worker_lost_timeout_seconds)
+            .saturating_mul(1000);
+        let shortest = lost_ms.min(offer_ms).min(deletion_ms);
         DispatchConfig {
             core: core::Config {
                 mode,
                 worker_lost_timeout_ms: lost_ms,
                 fanout: *dispatch_fanout,
+                offer_timeout_ms: offer_ms,
+                deletion_timeout_ms: deletion_ms,
                 ..core::Config::default()
             },
             // Tick often enough for short (test-sized) timeouts.
-            tick: Duration::from_millis((lost_ms / 4).clamp(100, 1000)),
+            tick: Duration::from_millis((shortest / 4).clamp(100, 1000)),
+            spoke_silence: Duration::from_secs(*spoke_silence_seconds),
         }
     }
 }
@@ -252,7 +307,86 @@ struct Write {
     /// write is committed (merges of one batch to one TrainJob become one
     /// update).
     merge: Option<(Key, Value)>,
+    /// A change to a TrainJob's metadata, applied to it as it is when the
+    /// write is committed, in the same commit as `ops`.
+    edit: Option<(Key, Edit)>,
     done: Option<Box<dyn FnOnce(bool) + Send>>,
+}
+
+/// A change dispatch makes to the metadata of TrainJob `uid` (another
+/// object under the same name is left alone).
+#[derive(Debug, Clone, PartialEq)]
+enum Edit {
+    /// Placed on `spoke` (annotation [`ANNOTATION_SPOKE`], and [`FINALIZER`]
+    /// unless it is being deleted, when no finalizer may be added), or not
+    /// placed (the annotation removed).
+    Placed { uid: String, spoke: Option<String> },
+    /// Its run is stopped: [`FINALIZER`] removed.
+    Release { uid: String },
+}
+
+/// What an [`Edit`] did to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Edited {
+    Unchanged,
+    Changed,
+    /// The last finalizer of a deleting object is gone: delete it.
+    Delete,
+}
+
+/// Applies `edit` to the stored TrainJob `object`.
+fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
+    let uid = match edit {
+        Edit::Placed { uid, .. } | Edit::Release { uid } => uid,
+    };
+    if object["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+        return Edited::Unchanged;
+    }
+    let before = object["metadata"].clone();
+    let deleting = !object["metadata"]["deletionTimestamp"].is_null();
+    let meta = &mut object["metadata"];
+    let mut finalizers: Vec<Value> = meta["finalizers"].as_array().cloned().unwrap_or_default();
+    match edit {
+        Edit::Placed { spoke, .. } => {
+            match spoke {
+                Some(spoke) => {
+                    if !meta["annotations"].is_object() {
+                        meta["annotations"] = json!({});
+                    }
+                    meta["annotations"][ANNOTATION_SPOKE] = spoke.as_str().into();
+                    if !deleting && !finalizers.iter().any(|f| f == FINALIZER) {
+                        finalizers.push(FINALIZER.into());
+                    }
+                }
+                None => {
+                    if let Some(a) = meta["annotations"].as_object_mut() {
+                        a.remove(ANNOTATION_SPOKE);
+                    }
+                }
+            }
+            if !finalizers.is_empty() {
+                meta["finalizers"] = Value::Array(finalizers);
+            }
+        }
+        Edit::Release { .. } => {
+            finalizers.retain(|f| f != FINALIZER);
+            if deleting && finalizers.is_empty() {
+                return Edited::Delete;
+            }
+            if let Some(m) = meta.as_object_mut() {
+                if finalizers.is_empty() {
+                    m.remove("finalizers");
+                } else {
+                    m.insert("finalizers".into(), Value::Array(finalizers));
+                }
+            }
+        }
+    }
+    if object["metadata"] == before {
+        Edited::Unchanged
+    } else {
+        Edited::Changed
+    }
 }
 
 /// The dispatch runner. Cheap to share.
@@ -284,6 +418,8 @@ pub struct Dispatch {
     me: std::sync::Weak<Dispatch>,
     /// Spans and latency metrics.
     observe: observe::Observer,
+    /// The spokes' sessions and certificates, for their `Spoke` objects.
+    spokes: Arc<crate::spokes::Registry>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -313,7 +449,6 @@ impl Dispatch {
         let (writer, writer_rx) = mpsc::unbounded_channel();
         Arc::new_cyclic(|me| Dispatch {
             me: me.clone(),
-            store,
             admission,
             plugins,
             config,
@@ -331,6 +466,8 @@ impl Dispatch {
             writer_rx: Mutex::new(Some(writer_rx)),
             epoch: Instant::now(),
             observe: observe::Observer::default(),
+            spokes: crate::spokes::Registry::new(store.clone()),
+            store,
         })
     }
 
@@ -583,12 +720,11 @@ impl Dispatch {
         let managed_elsewhere = object["spec"]["managedBy"]
             .as_str()
             .is_some_and(|m| m != trainhub_api::constants::MANAGED_BY_TRAINJOB_CONTROLLER);
-        let want = if is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED) {
+        let want = if !meta["deletionTimestamp"].is_null() {
+            Want::Delete
+        } else if is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED) {
             Want::Finished
-        } else if object["spec"]["suspend"] == true
-            || !meta["deletionTimestamp"].is_null()
-            || managed_elsewhere
-        {
+        } else if object["spec"]["suspend"] == true || managed_elsewhere {
             Want::Suspend
         } else {
             Want::Run
@@ -959,9 +1095,14 @@ impl Dispatch {
         let mut batch = Vec::new();
         while rx.recv_many(&mut batch, 4096).await > 0 {
             let mut ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
-            // (key, resourceVersion read, object with the merges, changed)
-            let mut merged: Vec<(Key, Rv, Value, bool)> = Vec::new();
-            for (key, mapped) in batch.iter().filter_map(|w| w.merge.as_ref()) {
+            // (key, resourceVersion read, object with the merges and edits,
+            // what they did)
+            let mut merged: Vec<(Key, Rv, Value, Edited)> = Vec::new();
+            for w in &batch {
+                let key = match (&w.merge, &w.edit) {
+                    (Some((key, _)), _) | (None, Some((key, _))) => key,
+                    (None, None) => continue,
+                };
                 let at = match merged.iter().position(|(k, ..)| k == key) {
                     Some(at) => at,
                     None => {
@@ -969,24 +1110,41 @@ impl Dispatch {
                             continue;
                         };
                         let value = object.value.as_ref().clone();
-                        merged.push((key.clone(), object.rv, value, false));
+                        merged.push((key.clone(), object.rv, value, Edited::Unchanged));
                         merged.len() - 1
                     }
                 };
-                let (_, _, value, changed) = &mut merged[at];
-                let mut status = value["status"].take();
-                *changed |= merge_status(&mut status, mapped);
-                value["status"] = status;
-            }
-            for (key, rv, value, changed) in merged {
-                if !changed {
+                let (_, _, value, outcome) = &mut merged[at];
+                if *outcome == Edited::Delete {
                     continue;
                 }
-                ops.push(Op::Update {
-                    key,
-                    value,
-                    expected: Some(rv),
-                });
+                if let Some((_, mapped)) = &w.merge {
+                    let mut status = value["status"].take();
+                    if merge_status(&mut status, mapped) {
+                        *outcome = Edited::Changed;
+                    }
+                    value["status"] = status;
+                }
+                if let Some((_, edit)) = &w.edit {
+                    match apply_edit(value, edit) {
+                        Edited::Unchanged => {}
+                        done => *outcome = done,
+                    }
+                }
+            }
+            for (key, rv, value, outcome) in merged {
+                match outcome {
+                    Edited::Unchanged => {}
+                    Edited::Changed => ops.push(Op::Update {
+                        key,
+                        value,
+                        expected: Some(rv),
+                    }),
+                    Edited::Delete => ops.push(Op::Delete {
+                        key,
+                        expected: Some(rv),
+                    }),
+                }
             }
             if ops.is_empty() || self.store.commit(ops).await.is_ok() {
                 for w in batch.drain(..) {
@@ -997,12 +1155,15 @@ impl Dispatch {
                 continue;
             }
             for w in batch.drain(..) {
-                let mut ok = match self.store.commit(w.ops).await {
-                    Ok(_) => true,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "dispatch: write failed");
-                        false
-                    }
+                let mut ok = match &w.edit {
+                    Some((key, edit)) => self.commit_edited(w.ops, key, edit).await,
+                    None => match self.store.commit(w.ops).await {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "dispatch: write failed");
+                            false
+                        }
+                    },
                 };
                 if let Some((key, mapped)) = &w.merge {
                     ok &= update_status(self.store.as_ref(), key, |status| {
@@ -1015,6 +1176,43 @@ impl Dispatch {
                 }
             }
         }
+    }
+
+    /// Commits `ops` with `edit` applied to the TrainJob at `key` as it is
+    /// now, in one commit, retried on conflicts. A TrainJob that is gone (or
+    /// another object) is not edited; `ops` still commit.
+    async fn commit_edited(&self, ops: Vec<Op>, key: &Key, edit: &Edit) -> bool {
+        for _ in 0..5 {
+            let mut all = ops.clone();
+            if let Some(object) = self.store.get(key) {
+                let mut value = object.value.as_ref().clone();
+                match apply_edit(&mut value, edit) {
+                    Edited::Unchanged => {}
+                    Edited::Changed => all.push(Op::Update {
+                        key: key.clone(),
+                        value,
+                        expected: Some(object.rv),
+                    }),
+                    Edited::Delete => all.push(Op::Delete {
+                        key: key.clone(),
+                        expected: Some(object.rv),
+                    }),
+                }
+            }
+            if all.is_empty() {
+                return true;
+            }
+            match self.store.commit(all).await {
+                Ok(_) => return true,
+                Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "dispatch: write failed");
+                    return false;
+                }
+            }
+        }
+        tracing::warn!(%key, "dispatch: write still conflicting after 5 attempts");
+        false
     }
 
     /// Carries out the dispatcher's actions.
@@ -1093,8 +1291,36 @@ impl Dispatch {
                     run_id,
                     generation,
                 } => self.start(spoke, job, run_id, generation),
+                Action::Release { job, uid } => self.release(job, uid),
+                Action::Event {
+                    job,
+                    uid,
+                    warning,
+                    reason,
+                    message,
+                } => {
+                    let kind = if warning { "Warning" } else { "Normal" };
+                    let event = trainjob_event(&job, Some(&uid), kind, reason, &message);
+                    self.record_events(&job, vec![event]);
+                }
             }
         }
+    }
+
+    /// Removes [`FINALIZER`] from the deleted TrainJob `uid`; with it the
+    /// last finalizer, the TrainJob goes (as the API server does when an
+    /// update removes the last finalizer of a deleting object). Idempotent:
+    /// a TrainJob without the finalizer, or another object under the same
+    /// name, is left alone.
+    fn release(&self, job: JobKey, uid: String) {
+        tracing::info!(trainjob = %job, "deleted TrainJob released: its run is stopped or given up");
+        let _ = self.writer.send(Write {
+            edit: Some((
+                Key::new(TRAINJOBS, Some(&job.namespace), &job.name),
+                Edit::Release { uid },
+            )),
+            ..Write::default()
+        });
     }
 
     fn commit_placement(&self, job: JobKey, placement: Placement) {
@@ -1112,6 +1338,14 @@ impl Dispatch {
             "time": format_time(Timestamp::now()),
         });
         let key = Key::new(PLACEMENTS, Some(&job.namespace), &job.name);
+        // The spoke annotation and the finalizer go in the same commit.
+        let edit = (
+            Key::new(TRAINJOBS, Some(&job.namespace), &job.name),
+            Edit::Placed {
+                uid: uid.clone(),
+                spoke: placement.spoke.clone(),
+            },
+        );
         let done: Option<Box<dyn FnOnce(bool) + Send>> = if placement.spoke.is_some() {
             let this = self.self_arc();
             Some(Box::new(move |ok| {
@@ -1122,7 +1356,7 @@ impl Dispatch {
                             &job,
                             Some(&uid),
                             "Normal",
-                            "Placed",
+                            core::reason::PLACED,
                             &format!(
                                 "Placed on spoke {spoke} (placement {})",
                                 placement.generation
@@ -1140,6 +1374,7 @@ impl Dispatch {
         let _ = self.writer.send(Write {
             ops: vec![Op::Put { key, value }],
             merge: None,
+            edit: Some(edit),
             done,
         });
     }
@@ -1264,7 +1499,53 @@ impl Dispatch {
         }
     }
 
+    // ------------------------------------------------------------ spokes
+
+    /// The spokes' sessions and certificates.
+    pub fn spokes(&self) -> &Arc<crate::spokes::Registry> {
+        &self.spokes
+    }
+
+    /// Cordons or uncordons a spoke (its `Spoke.spec.unschedulable`).
+    pub fn set_unschedulable(&self, spoke: &str, unschedulable: bool) {
+        let actions = lock(&self.state).set_unschedulable(spoke, unschedulable, self.now());
+        self.execute(actions);
+    }
+
+    /// What dispatch knows of each spoke, for the `Spoke` objects' status.
+    pub fn spoke_views(&self) -> std::collections::BTreeMap<String, core::SpokeView> {
+        lock(&self.state).spoke_views()
+    }
+
+    /// Ends the open session of `spoke`, if any, telling it `reason`; the
+    /// spoke is then disconnected (its runs follow the worker-lost path).
+    pub fn close_session(&self, spoke: &str, reason: &str) {
+        if let Some(session) = lock(&self.sessions).get(spoke) {
+            let _ = session.close.send(Some(reason.to_string()));
+        }
+    }
+
     // ------------------------------------------------------------ sessions
+
+    /// How long a session may stay silent before it is ended.
+    pub fn spoke_silence(&self) -> Duration {
+        self.config.spoke_silence
+    }
+
+    /// Whether a spoke's hello may open a session: its fence-after must be
+    /// set and strictly shorter than the worker-lost timeout, so that a
+    /// spoke cut off from the hub stops its runs before the hub places
+    /// them elsewhere.
+    ///
+    /// # Errors
+    ///
+    /// The rule broken, naming both values (a FailedPrecondition).
+    pub fn check_hello(&self, hello: &pb::Hello) -> Result<(), String> {
+        check_fence_after(
+            hello.fence_after_ms,
+            self.config.core.worker_lost_timeout_ms,
+        )
+    }
 
     /// A spoke said hello on a new stream. Returns the session id that its
     /// later calls carry.
@@ -1316,6 +1597,17 @@ impl Dispatch {
             )));
             self.end_logs(spoke, old.id, "the spoke's session was replaced");
             let actions = lock(&self.state).spoke_disconnected(spoke, self.now());
+            self.execute(actions);
+        }
+        for lost in hello.runs.iter().filter(|r| r.lost) {
+            tracing::warn!(spoke, run = %lost.run_id, generation = lost.generation, reason = %lost.reason, "the spoke reports a run lost");
+            let actions = lock(&self.state).run_lost(
+                spoke,
+                &lost.run_id,
+                lost.generation,
+                &lost.reason,
+                self.now(),
+            );
             self.execute(actions);
         }
         let held: Vec<(String, i64)> = hello
@@ -1378,12 +1670,29 @@ impl Dispatch {
                 tracing::warn!(spoke, "second hello on one stream ignored");
             }
             Message::Heartbeat(hb) => {
+                // The spoke's proof that the hub hears it (it fences itself
+                // when these stop).
+                self.send(
+                    spoke,
+                    pb::hub_message::Message::HeartbeatAck(pb::HeartbeatAck {
+                        worker_lost_timeout_ms: i64::try_from(
+                            self.config.core.worker_lost_timeout_ms,
+                        )
+                        .unwrap_or(i64::MAX),
+                    }),
+                );
                 let capacity = capacity_of(&hb.capacity);
                 self.observe.spoke_seen(spoke, &capacity, false);
                 if let Some(s) = lock(&self.sessions).get_mut(spoke) {
                     s.allocatable = capacity.iter().map(|(r, a, _)| (r.clone(), *a)).collect();
                 }
-                let actions = lock(&self.state).spoke_heartbeat(spoke, capacity, self.now());
+                let reservations: Vec<(String, i64)> = hb
+                    .reservations
+                    .iter()
+                    .map(|r| (r.run_id.clone(), r.generation))
+                    .collect();
+                let actions =
+                    lock(&self.state).spoke_heartbeat(spoke, capacity, &reservations, self.now());
                 self.execute(actions);
             }
             Message::Admit(answer) => {
@@ -1403,6 +1712,9 @@ impl Dispatch {
             Message::Log(chunk) => self.on_log_chunk(spoke, session, chunk),
             Message::Stopped(stopped) => {
                 tracing::debug!(spoke, run = %stopped.run_id, generation = stopped.generation, "run stopped");
+                let actions =
+                    lock(&self.state).run_stopped(spoke, &stopped.run_id, stopped.generation);
+                self.execute(actions);
             }
         }
     }
@@ -2065,6 +2377,53 @@ mod tests {
         assert_eq!(milli("1Gi").unwrap(), 1_073_741_824_000);
         assert_eq!(milli("1n").unwrap(), 1);
         assert!(milli("two").is_err());
+    }
+
+    #[test]
+    fn a_placement_sets_the_spoke_and_the_finalizer_and_a_release_deletes_a_deleting_trainjob() {
+        let mut job =
+            json!({"metadata": {"name": "j", "uid": "u1", "finalizers": ["example.com/keep"]}});
+        let placed = Edit::Placed {
+            uid: "u1".into(),
+            spoke: Some("gpu-1".into()),
+        };
+        assert_eq!(apply_edit(&mut job, &placed), Edited::Changed);
+        assert_eq!(job["metadata"]["annotations"][ANNOTATION_SPOKE], "gpu-1");
+        assert_eq!(
+            job["metadata"]["finalizers"],
+            json!(["example.com/keep", FINALIZER])
+        );
+        assert_eq!(
+            apply_edit(&mut job, &placed),
+            Edited::Unchanged,
+            "idempotent"
+        );
+        // Another object under the same name is left alone.
+        let other = Edit::Release { uid: "u2".into() };
+        assert_eq!(apply_edit(&mut job, &other), Edited::Unchanged);
+        // Requeued: no spoke shown; the finalizer stays.
+        let unplaced = Edit::Placed {
+            uid: "u1".into(),
+            spoke: None,
+        };
+        assert_eq!(apply_edit(&mut job, &unplaced), Edited::Changed);
+        assert!(job["metadata"]["annotations"][ANNOTATION_SPOKE].is_null());
+        let release = Edit::Release { uid: "u1".into() };
+        let mut deleting = job.clone();
+        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        // Another finalizer holds it: only ours goes.
+        assert_eq!(apply_edit(&mut deleting, &release), Edited::Changed);
+        assert_eq!(
+            deleting["metadata"]["finalizers"],
+            json!(["example.com/keep"])
+        );
+        deleting["metadata"]["finalizers"] = json!([FINALIZER]);
+        assert_eq!(apply_edit(&mut deleting, &release), Edited::Delete);
+        // Being deleted: no finalizer may be added.
+        let mut marked =
+            json!({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}});
+        apply_edit(&mut marked, &placed);
+        assert!(marked["metadata"]["finalizers"].is_null());
     }
 
     #[test]

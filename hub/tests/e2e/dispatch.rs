@@ -168,6 +168,9 @@ async fn a_lost_spoke_is_replaced_and_its_stale_run_stopped_when_it_returns() {
     let ca = hub.ca();
     let mut a = TestSpoke::new(&ca, "spoke-a", grpc);
     let mut b = TestSpoke::new(&ca, "spoke-b", grpc);
+    // Below the worker-lost timeout, as the hub requires.
+    a.config.fence_after = Duration::from_secs(2);
+    b.config.fence_after = Duration::from_secs(2);
     a.connect();
     hub.kubectl_stdin(&["apply", "-f", "-"], Some(&trainjob_yaml("lost", None)));
     let first = eventually("the run on spoke-a", &hub, Duration::from_secs(30), || {
@@ -258,6 +261,7 @@ async fn foreign_reports_and_certificates_from_another_ca_are_refused() {
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tx.send(message(pb::spoke_message::Message::Hello(pb::Hello {
         backend: "test".into(),
+        fence_after_ms: 60_000,
         ..Default::default()
     })))
     .unwrap();

@@ -44,6 +44,7 @@ async fn serve(limits: GrpcLimits) -> Listener {
         cert_pem: server.cert_pem,
         key_pem: server.key_pem,
         client_ca_pem: ca.cert_pem().to_string(),
+        reloading: None,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -91,6 +92,7 @@ async fn session(
     tx.send(pb::SpokeMessage {
         message: Some(pb::spoke_message::Message::Hello(pb::Hello {
             backend: "test".into(),
+            fence_after_ms: 60_000,
             ..Default::default()
         })),
     })

@@ -579,3 +579,52 @@ fn a_log_reader_that_falls_behind_is_dropped_and_only_the_asked_session_writes()
         assert_eq!(f.dispatch.footprint().log_streams, 0);
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_are_answered_and_a_run_the_spoke_lost_is_placed_again_at_once() {
+    let mut f = Fixture::new().await;
+    f.dispatch
+        .on_message("a", f.a.id, Message::Heartbeat(pb::Heartbeat::default()));
+    let ack = next(&mut f.a, |m| match m {
+        pb::hub_message::Message::HeartbeatAck(ack) => Some(ack),
+        _ => None,
+    })
+    .await;
+    assert_eq!(ack.worker_lost_timeout_ms, 15 * 60 * 1000);
+
+    // A fence-after that would let the hub requeue before the spoke stops.
+    for (fence_after_ms, ok) in [(0, false), (900_000, false), (60_000, true)] {
+        let checked = f.dispatch.check_hello(&pb::Hello {
+            fence_after_ms,
+            ..hello("a", Vec::new())
+        });
+        assert_eq!(checked.is_ok(), ok, "{fence_after_ms}: {checked:?}");
+    }
+
+    // `a` comes back saying it fenced `ja`'s run: requeued under
+    // generation 2 (offered again, to `a` by its selector), and the lost
+    // run stopped as stale.
+    let lost = pb::RunRef {
+        run_id: f.ja.clone(),
+        generation: 1,
+        lost: true,
+        reason: "Fenced".into(),
+        ..Default::default()
+    };
+    let mut a = connect(&f.dispatch, "a", vec![lost]);
+    let ja = f.ja.clone();
+    let (mut stopped, mut offered) = (None, None);
+    while stopped.is_none() || offered.is_none() {
+        let (stop, offer) = next(&mut a, |m| match m {
+            pb::hub_message::Message::Stop(s) if s.run_id == ja => Some((Some(s.generation), None)),
+            pb::hub_message::Message::Offer(o) if o.run_id == ja => {
+                Some((None, Some(o.generation)))
+            }
+            _ => None,
+        })
+        .await;
+        stopped = stopped.or(stop);
+        offered = offered.or(offer);
+    }
+    assert_eq!((stopped, offered), (Some(1), Some(2)));
+}

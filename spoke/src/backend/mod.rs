@@ -93,7 +93,19 @@ impl RunReport {
 pub struct HeldRun {
     pub key: RunKey,
     pub finished: bool,
+    /// The backend stopped the run without being asked, and why
+    /// ([`LOST_SPOKE_RESTARTED`], [`LOST_FENCED`]): it is over, not
+    /// finished, and never restarted here; the hub places it again.
+    pub lost: Option<&'static str>,
 }
+
+/// A run the spoke killed on its own restart: its agent died while it ran,
+/// and processes of an earlier agent cannot be waited on, so they were
+/// killed.
+pub const LOST_SPOKE_RESTARTED: &str = "SpokeRestarted";
+/// A run the spoke stopped because it heard nothing from the hub for its
+/// fence-after time.
+pub const LOST_FENCED: &str = "Fenced";
 
 /// Why a backend could not do what it was asked.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -138,6 +150,32 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The runs this backend holds.
     fn runs(&self) -> Vec<HeldRun>;
+
+    /// Stops every run that has not finished, because the hub has not been
+    /// heard from for the fence-after time, and keeps each as lost
+    /// ([`LOST_FENCED`]) where it can. Returns the runs it stopped.
+    ///
+    /// The default stops them with [`Backend::stop`] (the backend forgets
+    /// them; the agent remembers them as lost).
+    fn fence(&self) -> BoxFuture<'_, Vec<RunKey>> {
+        Box::pin(async move {
+            let keys: Vec<RunKey> = self
+                .runs()
+                .into_iter()
+                .filter(|r| !r.finished && r.lost.is_none())
+                .map(|r| r.key)
+                .collect();
+            for key in &keys {
+                self.stop(&key.run_id, key.generation).await;
+            }
+            keys
+        })
+    }
+
+    /// Admitted offers neither started nor withdrawn.
+    fn reservations(&self) -> Vec<RunKey> {
+        Vec::new()
+    }
 
     /// The last report of a run, to resend after a reconnect.
     fn report(&self, key: &RunKey) -> Option<RunReport>;

@@ -299,6 +299,7 @@ impl Backend for SimBackend {
             .map(|(k, r)| HeldRun {
                 key: k.clone(),
                 finished: r.report.finished,
+                lost: None,
             })
             .collect();
         held.extend(
@@ -309,9 +310,20 @@ impl Backend for SimBackend {
                 .map(|k| HeldRun {
                     key: k.clone(),
                     finished: false,
+                    lost: None,
                 }),
         );
         held
+    }
+
+    fn reservations(&self) -> Vec<RunKey> {
+        let state = lock(&self.state);
+        state
+            .reserved
+            .keys()
+            .filter(|k| !state.runs.contains_key(*k))
+            .cloned()
+            .collect()
     }
 
     fn report(&self, key: &RunKey) -> Option<RunReport> {

@@ -341,6 +341,41 @@ async fn stop_deletes_the_jobset_and_its_pods() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_deletes_the_runs_jobsets_and_names_them() {
+    for server in servers(&config()).await {
+        let name = server.name();
+        let sim = Simulator::start(server.client().await.unwrap(), SimConfig::default());
+        let mut spoke = spoke(&server, KubeConfig::default()).await;
+        let k = key("run-f", 1);
+        let built = vec![jobset("fenced", 1, 0, long_env(60_000), 0)];
+        spoke.backend.start(spec(&k, NS, built)).await.unwrap();
+        spoke
+            .wait_for(name, &k, "a running pod", |r| {
+                r.pods.len() == 1 && r.pods[0]["status"]["phase"] == "Running"
+            })
+            .await;
+        assert_eq!(spoke.backend.fence().await, vec![k.clone()], "{name}");
+        assert!(spoke.backend.runs().is_empty(), "{name}");
+        assert!(
+            spoke.backend.fence().await.is_empty(),
+            "{name}: fenced once"
+        );
+        let gone = tokio::time::timeout(DEADLINE, async {
+            while get(&server, Kind::JobSet, NS, "fenced").await.is_some() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(
+            gone.is_ok(),
+            "{name}: the fenced run's JobSet is still there"
+        );
+        sim.stop().await;
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_backend_holds_its_runs_without_applying_again() {
     for server in servers(&config()).await {
         let name = server.name();

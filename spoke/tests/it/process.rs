@@ -18,6 +18,44 @@ struct Harness {
     /// Reports received while waiting for another run's.
     held: VecDeque<RunReport>,
     dir: tempfile::TempDir,
+    /// Where the backend's runs are started, when not the test's runtime.
+    own: Option<OwnRuntime>,
+}
+
+/// A runtime of its own, on a thread, for the runs of a backend whose agent
+/// the test kills: `kill` stops driving it for good, so none of its tasks
+/// runs again and nothing of it is dropped, as SIGKILL leaves an agent.
+struct OwnRuntime {
+    handle: tokio::runtime::Handle,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl OwnRuntime {
+    fn new() -> OwnRuntime {
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            handle_tx.send(runtime.handle().clone()).unwrap();
+            let _ = runtime.block_on(killed);
+            loop {
+                std::thread::park();
+            }
+        });
+        OwnRuntime {
+            handle: handle_rx.recv().unwrap(),
+            kill: Some(kill),
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+    }
 }
 
 fn harness(capacity: &[(&str, i64)]) -> Harness {
@@ -55,10 +93,24 @@ fn harness_with(
         reports,
         held: VecDeque::new(),
         dir,
+        own: None,
     }
 }
 
 impl Harness {
+    /// Starts a run, on the backend's own runtime if it has one.
+    async fn start(&self, spec: RunSpec) -> Result<(), BackendError> {
+        let backend = self.backend.clone();
+        match &self.own {
+            Some(own) => own
+                .handle
+                .spawn(async move { backend.start(spec).await })
+                .await
+                .unwrap(),
+            None => backend.start(spec).await,
+        }
+    }
+
     /// The first report of `key` that satisfies `done`, within the deadline.
     async fn wait_for(
         &mut self,
@@ -1094,4 +1146,204 @@ async fn the_groups_of_a_killed_spoke_are_cleaned_up_at_the_next_start() {
     use std::os::unix::process::ExitStatusExt as _;
     assert_eq!(status.signal(), Some(9));
     assert!(!stale.exists(), "the stale group is removed");
+}
+
+/// A second backend over the same work directory, as a restarted agent
+/// makes. The first is killed as SIGKILL kills an agent: its runtime is no
+/// longer driven and it is forgotten, not dropped (no clean-up runs).
+fn restart(h: &mut Harness) -> Arc<ProcessBackend> {
+    if let Some(own) = h.own.as_mut() {
+        own.kill();
+    }
+    h.own = Some(OwnRuntime::new());
+    let (tx, reports) = unbounded_channel();
+    let backend = ProcessBackend::new(
+        ProcessConfig {
+            work_dir: h.dir.path().join("work"),
+            capacity: [("cpu".to_string(), 1000)].into(),
+            path_env: None,
+            sandbox: SandboxConfig::default(),
+        },
+        tx,
+    )
+    .unwrap();
+    let old = std::mem::replace(&mut h.backend, backend.clone());
+    std::mem::forget(old);
+    h.reports = reports;
+    h.held.clear();
+    backend
+}
+
+/// A run whose pod starts `sleep MARKER` in its process group and waits;
+/// the sleep's pid once it runs.
+async fn start_sleeper(h: &mut Harness, run: &str, generation: i64) -> u32 {
+    let marker = unique_sleep();
+    let mut c = container(
+        "c",
+        json!([
+            "sh",
+            "-c",
+            format!("sleep {marker} & echo child started; wait")
+        ]),
+        json!([]),
+    );
+    c["resources"] = json!({"requests": {"cpu": "1"}});
+    let js = jobset(
+        "s",
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    let mut spec = run_spec(run, "s", vec![js]);
+    spec.key.generation = generation;
+    let k = spec.key.clone();
+    h.start(spec).await.unwrap();
+    let running = h
+        .wait_for(&k, "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    let pod = running.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (pid, _) = child_pid(&h.backend, run, &pod, &marker).await;
+    pid
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_backend_kills_the_orphans_and_reports_the_run_lost() {
+    use trainhub_spoke::backend::{HeldRun, LOST_SPOKE_RESTARTED};
+    let mut h = harness(&[("cpu", 1000)]);
+    h.own = Some(OwnRuntime::new());
+    let orphan = start_sleeper(&mut h, "orphaned", 1).await;
+    assert!(alive(orphan));
+
+    let backend = restart(&mut h);
+    gone(orphan).await;
+    let lost = vec![HeldRun {
+        key: key("orphaned"),
+        finished: false,
+        lost: Some(LOST_SPOKE_RESTARTED),
+    }];
+    assert_eq!(backend.runs(), lost);
+    assert_eq!(
+        backend.capacity()[0].free_milli,
+        1000,
+        "a lost run holds no capacity"
+    );
+    // A Start re-sent for the lost run changes nothing.
+    let c = container("c", json!(["true"]), json!([]));
+    let js = jobset(
+        "s",
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    h.start(run_spec("orphaned", "s", vec![js])).await.unwrap();
+    assert_eq!(backend.runs(), lost, "not started again");
+    assert_eq!(backend.report(&key("orphaned")), None);
+
+    // The next placement starts in a fresh directory.
+    let second = start_sleeper(&mut h, "orphaned", 2).await;
+    assert!(h.dir.path().join("work/team/s-2").is_dir());
+    // A second restart finds it too, and still knows the first as lost.
+    let backend = restart(&mut h);
+    gone(second).await;
+    let mut runs = backend.runs();
+    runs.sort_by_key(|r| r.key.generation);
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs.iter().all(|r| r.lost == Some(LOST_SPOKE_RESTARTED)));
+
+    // Stopped by the hub: forgotten, also by the next agent.
+    backend.stop("orphaned", 2).await;
+    assert!(backend.runs().is_empty());
+    let backend = restart(&mut h);
+    assert!(backend.runs().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_run_survives_a_restart_with_its_logs() {
+    let mut h = harness(&[("cpu", 1000)]);
+    let (done, log) = run_script(&mut h, "done", "echo hello from before", json!({})).await;
+    assert_eq!(terminal(&done), Some("Completed"), "{log}");
+    let pod = done.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let backend = restart(&mut h);
+    let runs = backend.runs();
+    assert_eq!(runs.len(), 1);
+    assert!(runs[0].finished && runs[0].lost.is_none(), "{runs:?}");
+    assert_eq!(backend.report(&key("done")).map(|r| r.finished), Some(true));
+    let log = read_log(&backend, "done", &pod, None, false, None).await;
+    assert_eq!(log, "hello from before\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_kills_the_runs_and_keeps_them_lost_across_a_restart() {
+    use trainhub_spoke::backend::LOST_FENCED;
+    let mut h = harness(&[("cpu", 1000)]);
+    let pid = start_sleeper(&mut h, "fenced", 1).await;
+    let fenced = h.backend.fence().await;
+    assert_eq!(fenced, vec![key("fenced")]);
+    gone(pid).await;
+    assert_eq!(h.backend.runs()[0].lost, Some(LOST_FENCED));
+    assert_eq!(h.backend.capacity()[0].free_milli, 1000);
+    assert!(h.backend.fence().await.is_empty(), "fenced once");
+    let backend = restart(&mut h);
+    assert_eq!(backend.runs()[0].lost, Some(LOST_FENCED));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_sends_sigterm_then_sigkill_after_the_grace_period() {
+    let mut h = harness(&[]);
+    let marker = unique_sleep();
+    let c = container(
+        "c",
+        json!([
+            "sh",
+            "-c",
+            format!("trap '' TERM; sleep {marker} & echo child started; wait")
+        ]),
+        json!([]),
+    );
+    let mut js = jobset(
+        "s",
+        json!({"replicatedJobs": [rjob("node", 1, json!([c]))]}),
+    );
+    js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] =
+        json!(1);
+    h.backend
+        .start(run_spec("stubborn", "s", vec![js]))
+        .await
+        .unwrap();
+    let running = h
+        .wait_for(&key("stubborn"), "a running pod", |r| {
+            phases(r) == ["Running"]
+        })
+        .await;
+    let pod = running.pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (pid, _) = child_pid(&h.backend, "stubborn", &pod, &marker).await;
+    let started = std::time::Instant::now();
+    h.backend.stop("stubborn", 1).await;
+    let took = started.elapsed();
+    gone(pid).await;
+    assert!(
+        took >= Duration::from_millis(900),
+        "SIGTERM is ignored, so the stop waits the grace period: {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "then SIGKILL: {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_are_listed_until_started_or_withdrawn() {
+    let h = harness(&[("cpu", 2000)]);
+    let demand = [PodSetRequest {
+        name: "node".into(),
+        count: 1,
+        requests_milli: [("cpu".to_string(), 1000)].into(),
+    }];
+    h.backend.admit(&key("r1"), &demand).unwrap();
+    h.backend.admit(&key("r2"), &demand).unwrap();
+    assert_eq!(h.backend.reservations(), vec![key("r1"), key("r2")]);
+    h.backend.withdraw(&key("r1"));
+    assert_eq!(h.backend.reservations(), vec![key("r2")]);
 }

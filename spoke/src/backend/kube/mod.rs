@@ -752,7 +752,18 @@ impl Backend for KubeBackend {
             .map(|(key, entry)| HeldRun {
                 key: key.clone(),
                 finished: entry.finished,
+                lost: None,
             })
+            .collect()
+    }
+
+    fn reservations(&self) -> Vec<RunKey> {
+        let inner = self.shared.lock();
+        inner
+            .reserved
+            .keys()
+            .filter(|k| !inner.runs.contains_key(*k))
+            .cloned()
             .collect()
     }
 

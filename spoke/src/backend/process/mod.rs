@@ -91,6 +91,7 @@ mod ledger;
 mod logs;
 pub mod plan;
 mod quantity;
+pub mod records;
 pub mod rewrite;
 mod run;
 pub mod sandbox;
@@ -100,6 +101,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -109,9 +111,10 @@ pub use quantity::{format_milli, parse_quantity_milli};
 pub use sandbox::{DEFAULT_RUN_UIDS, RunAsUser, Sandbox, SandboxConfig, UidRange};
 
 use super::{
-    Backend, BackendError, BoxFuture, Capacity, HeldRun, LogStream, PodSetRequest, RunKey,
-    RunReport, RunSpec, events,
+    Backend, BackendError, BoxFuture, Capacity, HeldRun, LOST_FENCED, LOST_SPOKE_RESTARTED,
+    LogStream, PodSetRequest, RunKey, RunReport, RunSpec, events,
 };
+use records::{PodRecord, RecordFile, RunRecord};
 use run::Procs;
 use state::{ContainerRef, RunState};
 
@@ -131,6 +134,9 @@ pub struct ProcessConfig {
 /// Runs pods as local processes. See the [module documentation](self).
 pub struct ProcessBackend {
     shared: Arc<Shared>,
+    /// Held by a start until its run is in `runs`: a Start the hub sends
+    /// again meanwhile finds it there, and never rewrites its record.
+    starting: tokio::sync::Mutex<()>,
 }
 
 /// What the backend and its run tasks share.
@@ -173,6 +179,130 @@ struct RunEntry {
     finished: bool,
     /// Every pod the run made, by name (pods of earlier attempts included).
     pods: BTreeMap<String, PodFiles>,
+    /// Stopped without being asked (see [`HeldRun::lost`]).
+    lost: Option<&'static str>,
+    /// Its record on disk.
+    record: Option<Arc<RecordFile>>,
+    /// How long a stop waits after SIGTERM before SIGKILL.
+    grace: Duration,
+}
+
+/// A run being fenced: its supervisor, processes and record.
+type Fenced = (
+    RunKey,
+    Option<tokio::task::JoinHandle<()>>,
+    Arc<Procs>,
+    Option<Arc<RecordFile>>,
+);
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// The longest `terminationGracePeriodSeconds` of the run's pod templates
+/// (Kubernetes' default 30 s when unset).
+fn grace_of(plan: &plan::RunPlan) -> Duration {
+    plan.replicated_jobs
+        .iter()
+        .map(|r| {
+            r.pod_spec["terminationGracePeriodSeconds"]
+                .as_u64()
+                .map_or(DEFAULT_GRACE, Duration::from_secs)
+        })
+        .max()
+        .unwrap_or(DEFAULT_GRACE)
+}
+
+/// How long a restarted backend waits for the processes of the previous
+/// agent to be gone after SIGKILL.
+const ORPHANS_GONE_WITHIN: Duration = Duration::from_secs(10);
+
+/// The runs an earlier agent left in `work_dir`'s records: finished runs
+/// kept as they were (their logs stay readable); every other run's
+/// processes that still live killed (their process groups, SIGKILL) and
+/// waited for, and the run kept as lost, never restarted here.
+fn recover(work_dir: &std::path::Path, sandbox: &Arc<Sandbox>) -> BTreeMap<RunKey, RunEntry> {
+    let mut runs = BTreeMap::new();
+    for file in records::load(work_dir) {
+        let record = file.get();
+        let key = record.key();
+        let file = Arc::new(file);
+        let pods = record
+            .pod_files
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    PodFiles {
+                        dir: p.dir.clone(),
+                        containers: p.containers.clone(),
+                        ended: p.containers.iter().cloned().collect(),
+                        gone: true,
+                    },
+                )
+            })
+            .collect();
+        let (report, lost) = if record.finished {
+            let report = RunReport {
+                key: key.clone(),
+                jobset_status: record.status.clone().unwrap_or_default(),
+                pods: record.pods.clone(),
+                finished: true,
+                events: Vec::new(),
+            };
+            (Some(report), None)
+        } else {
+            let live = record
+                .processes
+                .iter()
+                .filter(|p| records::alive(p))
+                .count();
+            let left = records::kill_and_wait(&record.processes, ORPHANS_GONE_WITHIN);
+            if let Some(cgroups) = sandbox.cgroups() {
+                record
+                    .processes
+                    .iter()
+                    .for_each(|p| cgroups.remove_pod(&p.pod));
+            }
+            let reason = if record.lost.as_deref() == Some(LOST_FENCED) {
+                LOST_FENCED
+            } else {
+                LOST_SPOKE_RESTARTED
+            };
+            if !left.is_empty() {
+                tracing::error!(run = %key.run_id, generation = key.generation, pids = ?left, "processes of the previous agent are still alive after SIGKILL");
+            }
+            tracing::warn!(
+                run = %key.run_id,
+                generation = key.generation,
+                killed = live,
+                reason,
+                "a run of the previous agent was not finished: its processes are killed and the run is lost; the hub places it again"
+            );
+            if let Err(err) = file.update(|r| {
+                r.lost = Some(reason.to_owned());
+                r.processes.clear();
+            }) {
+                tracing::warn!(run = %key.run_id, %err, "could not write a lost run's record");
+            }
+            (None, Some(reason))
+        };
+        runs.insert(
+            key,
+            RunEntry {
+                dir: record.dir.clone(),
+                uid: None,
+                task: None,
+                procs: Arc::new(Procs::new(Arc::clone(sandbox), None)),
+                report,
+                finished: record.finished,
+                pods,
+                lost,
+                record: Some(file),
+                grace: DEFAULT_GRACE,
+            },
+        );
+    }
+    runs
 }
 
 struct PodFiles {
@@ -188,6 +318,12 @@ impl ProcessBackend {
     /// missing, made 0700) and sends every run report on `reports`. Its
     /// sandbox is set up from what the machine allows, and said in one log
     /// line (a warning when runs are not isolated).
+    ///
+    /// The runs an earlier agent left (see [`records`]) are taken back:
+    /// finished ones as they were, the others killed and kept as lost.
+    /// Processes of an earlier agent are never adopted: they are not this
+    /// agent's children, so it could neither wait for them nor learn how
+    /// they ended.
     ///
     /// # Errors
     ///
@@ -216,7 +352,9 @@ impl ProcessBackend {
             base_env.push((OsString::from("HOME"), home));
         }
         let ledger = Ledger::new(config.capacity.clone());
+        let runs = recover(&config.work_dir, &sandbox);
         Ok(Arc::new(Self {
+            starting: tokio::sync::Mutex::new(()),
             shared: Arc::new(Shared {
                 config,
                 sandbox,
@@ -225,7 +363,7 @@ impl ProcessBackend {
                 reports,
                 inner: Mutex::new(Inner {
                     ledger,
-                    runs: BTreeMap::new(),
+                    runs,
                     images_noted: false,
                 }),
             }),
@@ -315,7 +453,29 @@ impl Shared {
                 files.gone = true;
             }
         }
+        let newly_finished = report.finished && !entry.finished;
         entry.finished = report.finished;
+        if newly_finished && let Some(file) = entry.record.clone() {
+            let pod_files: Vec<PodRecord> = entry
+                .pods
+                .iter()
+                .map(|(name, p)| PodRecord {
+                    name: name.clone(),
+                    dir: p.dir.clone(),
+                    containers: p.containers.clone(),
+                })
+                .collect();
+            let (status, pods) = (report.jobset_status.clone(), report.pods.clone());
+            if let Err(err) = file.update(|r| {
+                r.finished = true;
+                r.processes.clear();
+                r.status = Some(status);
+                r.pods = pods;
+                r.pod_files = pod_files;
+            }) {
+                tracing::warn!(run = %key.run_id, %err, "could not write a finished run's record");
+            }
+        }
         if !entry.report.as_ref().is_some_and(|r| r.same_state(&report)) {
             let before = entry.report.as_ref().map(|r| r.pods.as_slice());
             let mut report = report;
@@ -338,6 +498,7 @@ impl Shared {
             return true;
         };
         entry.finished
+            || entry.lost.is_some()
             || entry
                 .pods
                 .get(pod)
@@ -381,6 +542,7 @@ impl Backend for ProcessBackend {
 
     fn start(&self, spec: RunSpec) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
+            let _starting = self.starting.lock().await;
             if self.shared.lock().runs.contains_key(&spec.key) {
                 return Ok(());
             }
@@ -395,20 +557,59 @@ impl Backend for ProcessBackend {
                 .work_dir
                 .join(&spec.namespace)
                 .join(format!("{}-{}", plan.name, spec.key.generation));
-            let procs = Arc::new(Procs::new(Arc::clone(&self.shared.sandbox)));
+            let record = {
+                let work_dir = self.shared.config.work_dir.clone();
+                let record = RunRecord {
+                    run_id: spec.key.run_id.clone(),
+                    generation: spec.key.generation,
+                    namespace: spec.namespace.clone(),
+                    name: spec.name.clone(),
+                    dir: dir.clone(),
+                    processes: Vec::new(),
+                    finished: false,
+                    lost: None,
+                    status: None,
+                    pods: Vec::new(),
+                    pod_files: Vec::new(),
+                };
+                // Before anything starts: an agent killed from here on
+                // leaves a record that its successor acts on.
+                tokio::task::spawn_blocking(move || RecordFile::create(&work_dir, record))
+                    .await
+                    .map_err(|e| BackendError::Internal(format!("writing the run record: {e}")))?
+                    .map_err(|e| {
+                        BackendError::Internal(format!("cannot write the run record: {e}"))
+                    })?
+            };
+            let record = Arc::new(record);
+            let grace = grace_of(&plan);
+            let procs = Arc::new(Procs::new(
+                Arc::clone(&self.shared.sandbox),
+                Some(Arc::clone(&record)),
+            ));
             let uid;
             {
                 let mut inner = self.shared.lock();
                 if inner.runs.contains_key(&spec.key) {
                     return Ok(());
                 }
-                uid = match self.shared.sandbox.run_uids() {
-                    Some(range) => Some(inner.free_uid(range)?),
-                    None => None,
+                let admitted = (|| {
+                    let uid = match self.shared.sandbox.run_uids() {
+                        Some(range) => Some(inner.free_uid(range)?),
+                        None => None,
+                    };
+                    if !inner.ledger.holds(&spec.key) {
+                        inner.ledger.admit(&spec.key, &plan.pod_sets())?;
+                    }
+                    Ok::<_, BackendError>(uid)
+                })();
+                uid = match admitted {
+                    Ok(uid) => uid,
+                    Err(e) => {
+                        record.remove();
+                        return Err(e);
+                    }
                 };
-                if !inner.ledger.holds(&spec.key) {
-                    inner.ledger.admit(&spec.key, &plan.pod_sets())?;
-                }
                 let uses_images = plan.replicated_jobs.iter().any(|r| {
                     r.containers
                         .iter()
@@ -431,6 +632,9 @@ impl Backend for ProcessBackend {
                         report: None,
                         finished: false,
                         pods: BTreeMap::new(),
+                        lost: None,
+                        record: Some(Arc::clone(&record)),
+                        grace,
                     },
                 );
             }
@@ -438,6 +642,7 @@ impl Backend for ProcessBackend {
                 let mut inner = self.shared.lock();
                 inner.runs.remove(&spec.key);
                 inner.ledger.release(&spec.key);
+                record.remove();
                 return Err(BackendError::Internal(format!(
                     "cannot create the run directory {}: {err}",
                     dir.display()
@@ -490,8 +695,11 @@ impl Backend for ProcessBackend {
                     task.abort();
                     let _ = task.await;
                 }
-                entry.procs.kill_all();
+                entry.procs.terminate_all(entry.grace).await;
                 remove_dir(&entry.dir).await;
+                if let Some(record) = &entry.record {
+                    record.remove();
+                }
             }
         })
     }
@@ -504,8 +712,67 @@ impl Backend for ProcessBackend {
             .map(|(key, entry)| HeldRun {
                 key: key.clone(),
                 finished: entry.finished,
+                lost: entry.lost,
             })
             .collect()
+    }
+
+    fn reservations(&self) -> Vec<RunKey> {
+        let inner = self.shared.lock();
+        inner
+            .ledger
+            .keys()
+            .into_iter()
+            .filter(|k| !inner.runs.contains_key(k))
+            .collect()
+    }
+
+    /// Kills (SIGKILL, no grace: the hub may place the runs elsewhere soon)
+    /// every run that has not finished and keeps it as lost (`Fenced`), in
+    /// memory and in its record; its directory and logs stay.
+    fn fence(&self) -> BoxFuture<'_, Vec<RunKey>> {
+        Box::pin(async move {
+            let fenced: Vec<Fenced> = {
+                let mut inner = self.shared.lock();
+                let keys: Vec<RunKey> = inner
+                    .runs
+                    .iter()
+                    .filter(|(_, e)| !e.finished && e.lost.is_none())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                keys.into_iter()
+                    .filter_map(|k| {
+                        inner.ledger.release(&k);
+                        let entry = inner.runs.get_mut(&k)?;
+                        entry.lost = Some(LOST_FENCED);
+                        Some((
+                            k,
+                            entry.task.take(),
+                            Arc::clone(&entry.procs),
+                            entry.record.clone(),
+                        ))
+                    })
+                    .collect()
+            };
+            let mut keys = Vec::new();
+            for (key, task, procs, record) in fenced {
+                if let Some(task) = task {
+                    task.abort();
+                    let _ = task.await;
+                }
+                procs.kill_all();
+                if let Some(record) = record
+                    && let Err(err) = record.update(|r| {
+                        r.lost = Some(LOST_FENCED.to_owned());
+                        r.processes.clear();
+                    })
+                {
+                    tracing::warn!(run = %key.run_id, %err, "could not write a fenced run's record");
+                }
+                keys.push(key);
+            }
+            keys
+        })
     }
 
     fn report(&self, key: &RunKey) -> Option<RunReport> {

@@ -8,6 +8,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures_util::future::join_all;
 use jiff::Timestamp;
@@ -16,6 +17,7 @@ use tokio::sync::mpsc;
 
 use super::Shared;
 use super::plan::{PodIdentity, Process, ResolveContext, RunPlan};
+use super::records::{ProcessRecord, RecordFile};
 use super::rewrite::Endpoints;
 use super::sandbox::{Launch, Sandbox};
 use super::state::{ContainerRef, PodEvent, RunState};
@@ -28,6 +30,8 @@ use crate::backend::RunKey;
 #[derive(Debug)]
 pub(super) struct Procs {
     sandbox: Arc<Sandbox>,
+    /// Where every process started is written down (see [`super::records`]).
+    record: Option<Arc<RecordFile>>,
     inner: Mutex<ProcsInner>,
 }
 
@@ -42,9 +46,10 @@ struct ProcsInner {
 }
 
 impl Procs {
-    pub(super) fn new(sandbox: Arc<Sandbox>) -> Self {
+    pub(super) fn new(sandbox: Arc<Sandbox>, record: Option<Arc<RecordFile>>) -> Self {
         Procs {
             sandbox,
+            record,
             inner: Mutex::default(),
         }
     }
@@ -69,8 +74,51 @@ impl Procs {
         let child = start()?;
         if let Some(pid) = child.id() {
             inner.groups.entry(uid.to_owned()).or_default().insert(pid);
+            self.write_down(uid, pid);
         }
         Ok(Some(child))
+    }
+
+    /// Adds a process (its own group) to the run's record, so that a
+    /// restarted agent finds and kills it.
+    fn write_down(&self, pod: &str, pid: u32) {
+        let Some(record) = &self.record else { return };
+        let Some(start_time) = super::records::start_time(pid) else {
+            // Already gone.
+            return;
+        };
+        let written = record.update(|r| {
+            r.processes.push(ProcessRecord {
+                pod: pod.to_owned(),
+                pid,
+                pgid: pid,
+                start_time,
+            })
+        });
+        if let Err(err) = written {
+            tracing::error!(pid, %err, "could not write a started process to its run record: an agent restart would not kill it");
+        }
+    }
+
+    /// Stops every process of the run as kubelet stops a pod: SIGTERM to
+    /// every process group, then, for what is left after `grace`, SIGKILL
+    /// (and the pods' cgroups). Nothing starts any more.
+    pub(super) async fn terminate_all(&self, grace: Duration) {
+        let groups: Vec<u32> = {
+            let mut inner = self.lock();
+            inner.closed = true;
+            inner.groups.values().flatten().copied().collect()
+        };
+        if !groups.is_empty() && !grace.is_zero() {
+            groups.iter().for_each(|g| signal_group(*g, "TERM"));
+            let deadline = tokio::time::Instant::now() + grace;
+            while tokio::time::Instant::now() < deadline
+                && self.lock().groups.values().any(|g| !g.is_empty())
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        self.kill_all();
     }
 
     /// A container's main process ended: the rest of its group goes with it,
@@ -158,9 +206,14 @@ fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
 
 /// SIGKILL to a whole process group, through the `kill` command (no unsafe
 /// code here). A group already gone is fine.
-fn kill_group(pgid: u32) {
+pub(super) fn kill_group(pgid: u32) {
+    signal_group(pgid, "KILL");
+}
+
+/// A signal (`KILL`, `TERM`) to a whole process group.
+fn signal_group(pgid: u32, signal: &str) {
     let result = std::process::Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pgid}")])
+        .args([&format!("-{signal}"), "--", &format!("-{pgid}")])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
