@@ -56,6 +56,7 @@ fn main() {
     let cache_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
     let host = trainhub::plugins::Host::new(&HostConfig {
         cache_dir: Some(cache_dir),
+        ..HostConfig::default()
     })
     .expect("host");
     let wasm = Snapshot::new(match arg("--wasm-dir") {

@@ -343,7 +343,10 @@ fn render_command(args: RenderArgs) -> anyhow::Result<ExitCode> {
     }
 
     let cache_dir = cache_dir.or_else(default_cache_dir);
-    let host = Arc::new(Host::new(&HostConfig { cache_dir })?);
+    let host = Arc::new(Host::new(&HostConfig {
+        cache_dir,
+        ..HostConfig::default()
+    })?);
     let builtins = crate::builtin::load(&host)?;
     let registry = Registry::new(host, builtins, plugins_dir);
     let snapshot = registry.snapshot();

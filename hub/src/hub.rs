@@ -96,6 +96,7 @@ impl Hub {
             .unwrap_or_else(|| config.data_dir.join("plugin-cache"));
         let host = Arc::new(Host::new(&HostConfig {
             cache_dir: Some(cache_dir),
+            ..HostConfig::default()
         })?);
         let builtins = builtin::load(&host).context("loading the built-in plugins")?;
         let plugins = Arc::new(Registry::new(host, builtins, config.plugins_dir.clone()));

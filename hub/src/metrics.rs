@@ -76,7 +76,7 @@ pub fn hub() -> &'static HubMetrics {
             ),
             plugin_calls: r.register(
                 "trainhub_plugin_call_duration_seconds",
-                "Plugin calls by plugin, phase and outcome (ok, timeout, out-of-memory, trap)",
+                "Plugin calls by plugin, phase and outcome (ok, cpu-exhausted, out-of-memory, trap, deferred)",
                 latency_family(),
             ),
             connected_spokes: r.register(

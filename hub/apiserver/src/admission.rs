@@ -29,10 +29,14 @@ pub struct Request<'a> {
 }
 
 /// What admission answers for an accepted write.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone)]
 pub struct Outcome {
     /// Sent to the client in `Warning: 299 - "..."` headers.
     pub warnings: Vec<String>,
+    /// Further writes committed in the same transaction as a create (not
+    /// for dry runs): what the object needs kept beside it, such as the
+    /// runtime a TrainJob was admitted with. Other operations ignore them.
+    pub also: Vec<crate::store::Op>,
 }
 
 /// Defaults and validates writes. `object` is the object to be stored

@@ -16,7 +16,8 @@
 //!
 //! Failures are 422 Invalid with one cause per field, as kube-apiserver
 //! answers. A plugin that fails (rather than rejects) answers 500, as a
-//! webhook with `failurePolicy: Fail` does. Writes through the `status`
+//! webhook with `failurePolicy: Fail` does; a plugin call the host could
+//! not run now (overloaded) answers 429 with Retry-After. Writes through the `status`
 //! subresource are checked against the status schema only.
 
 #![allow(
@@ -38,12 +39,63 @@ use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
 use trainhub_apiserver::field::FieldError;
 use trainhub_apiserver::status::ApiError;
-use trainhub_apiserver::store::{Key, Object, Rv, Store};
+use trainhub_apiserver::store::{Key, Object, Op, Rv, Store};
 use trainhub_plugin_sdk as sdk;
 
-use crate::plugins::{Pipeline, PipelineError, Registry, Snapshot};
+use crate::plugins::{Pipeline, PipelineError, PluginId, Registry, Snapshot};
 
 pub use schema::Schema;
+
+/// Where runtime snapshots are kept: one object per TrainJob, keyed by its
+/// namespace and uid, `{uid, trainjob, runtime, runtimeResourceVersion,
+/// plugins: [{name, digest}]}`: the runtime (defaulted) and the plugins a
+/// TrainJob was admitted with, which Build and PostExecution use for its
+/// whole life. Written in the same transaction as the TrainJob's create;
+/// removed with the TrainJob. Not served by the API.
+pub const RUNTIME_SNAPSHOTS: &str = "trainhub.kubeflow.org/runtimesnapshots";
+
+/// The runtime and plugins a stored TrainJob runs with.
+#[derive(Debug)]
+pub struct Pinned {
+    pub runtime: Arc<sdk::Runtime>,
+    /// The plugins it was admitted with; `None` when it has no snapshot
+    /// (created before snapshots existed, or by server-side apply), in
+    /// which case `runtime` is the runtime as it is now and the caller
+    /// takes the snapshot ([`snapshot_op`]).
+    pub plugins: Option<Vec<PluginId>>,
+}
+
+/// The snapshot key of the TrainJob `uid` in `namespace`.
+pub fn snapshot_key(namespace: &str, uid: &str) -> Key {
+    Key::new(RUNTIME_SNAPSHOTS, Some(namespace), uid)
+}
+
+/// The write that keeps `runtime` and `plugins` as what the TrainJob
+/// `namespace/name` (`uid`) runs with. Idempotent (a put).
+pub fn snapshot_op(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    runtime: &sdk::Runtime,
+    runtime_rv: Option<Rv>,
+    plugins: &[PluginId],
+) -> Result<Op, String> {
+    let runtime = serde_json::to_value(runtime).map_err(|e| format!("the runtime: {e}"))?;
+    let plugins: Vec<Value> = plugins
+        .iter()
+        .map(|p| serde_json::json!({"name": p.name, "digest": p.digest}))
+        .collect();
+    Ok(Op::Put {
+        key: snapshot_key(namespace, uid),
+        value: serde_json::json!({
+            "uid": uid,
+            "trainjob": name,
+            "runtime": runtime,
+            "runtimeResourceVersion": runtime_rv.map(|rv| rv.to_string()),
+            "plugins": plugins,
+        }),
+    })
+}
 
 /// Where admission gets the plugins that validate TrainJobs.
 pub trait PluginSource: Send + Sync + 'static {
@@ -144,6 +196,8 @@ pub struct TrainerAdmission {
     /// Runtimes read (defaulted and typed), by key and resourceVersion:
     /// every TrainJob create, offer, build and status mapping reads one.
     runtimes: moka::sync::Cache<(Key, Rv), Arc<sdk::Runtime>>,
+    /// Runtime snapshots read, by key and resourceVersion.
+    snapshots: moka::sync::Cache<(Key, Rv), Arc<Pinned>>,
     /// Who may set a TrainJob's priority annotation: the policy's admin
     /// groups.
     admin_groups: Vec<String>,
@@ -159,6 +213,7 @@ impl TrainerAdmission {
             schemas: Schemas::get(),
             clock: Box::new(SystemTime::now),
             runtimes: moka::sync::Cache::new(1024),
+            snapshots: moka::sync::Cache::new(4096),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()
                 .map(|g| g.to_string())
@@ -290,7 +345,7 @@ impl TrainerAdmission {
             return Ok(Outcome::default());
         }
         let mut outcome = Outcome::default();
-        let mut errors = self.validate_against_runtime(request, object, &mut outcome.warnings)?;
+        let mut errors = self.validate_against_runtime(request, object, &mut outcome)?;
         if let Some(old) = old {
             errors.extend(trainjob::check_runtime_patches(old, object));
         }
@@ -301,13 +356,16 @@ impl TrainerAdmission {
         }
     }
 
-    /// The TrainJob webhook's checks that need the referenced runtime.
+    /// The TrainJob webhook's checks that need the referenced runtime. A
+    /// create that passes them also keeps the runtime and the plugins it
+    /// was admitted with (`outcome.also`, committed with the TrainJob).
     fn validate_against_runtime(
         &self,
         request: &Request<'_>,
         object: &Value,
-        warnings: &mut Vec<String>,
+        outcome: &mut Outcome,
     ) -> Result<Vec<FieldError>, ApiError> {
+        let warnings = &mut outcome.warnings;
         let job: TrainJob = serde_json::from_value(object.clone()).map_err(|e| {
             ApiError::bad_request(format!(
                 "TrainJob {:?} cannot be decoded: {e}",
@@ -334,6 +392,9 @@ impl TrainerAdmission {
         }
         let snapshot = self.plugins.snapshot();
         let plugin_failure = |e: PipelineError| {
+            if e.is_transient() {
+                return overloaded(request.name, &e);
+            }
             ApiError::internal(format!(
                 "validating TrainJob {:?} with the runtime's plugins: {e}",
                 request.name
@@ -350,6 +411,21 @@ impl TrainerAdmission {
         match pipeline.validate(&job) {
             Ok(validation) => {
                 warnings.extend(validation.warnings);
+                if request.operation == Operation::Create
+                    && validation.errors.is_empty()
+                    && let Some(uid) = object["metadata"]["uid"].as_str()
+                {
+                    let op = snapshot_op(
+                        namespace,
+                        request.name,
+                        uid,
+                        &runtime,
+                        Some(stored.rv),
+                        &pipeline.plugin_ids(),
+                    )
+                    .map_err(|e| ApiError::internal(format!("keeping {e}")))?;
+                    outcome.also.push(op);
+                }
                 Ok(validation
                     .errors
                     .into_iter()
@@ -361,6 +437,53 @@ impl TrainerAdmission {
             }
             Err(e) => Err(plugin_failure(e)),
         }
+    }
+
+    /// The runtime and plugins a stored TrainJob runs with: its snapshot
+    /// if it has one, else the runtime it refers to as it is now (see
+    /// [`Pinned::plugins`]).
+    ///
+    /// Unlike upstream's controller, which reads the runtime again at every
+    /// reconcile, a TrainJob keeps what it was admitted with: editing or
+    /// deleting a runtime changes only TrainJobs created after, so a
+    /// running or requeued TrainJob is neither rebuilt differently nor
+    /// stranded.
+    pub fn pinned(&self, job: &TrainJob) -> Result<Arc<Pinned>, String> {
+        let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
+        let uid = job.metadata.uid.as_deref().unwrap_or_default();
+        let key = snapshot_key(namespace, uid);
+        let Some(stored) = self.store.get(&key).filter(|s| s.value["uid"] == uid) else {
+            return Ok(Arc::new(Pinned {
+                runtime: self.runtime_of(job)?,
+                plugins: None,
+            }));
+        };
+        let cache_key = (key, stored.rv);
+        if let Some(pinned) = self.snapshots.get(&cache_key) {
+            return Ok(pinned);
+        }
+        let unreadable =
+            |e: String| format!("the runtime snapshot of the TrainJob is unreadable: {e}");
+        let runtime: sdk::Runtime = serde_json::from_value(stored.value["runtime"].clone())
+            .map_err(|e| unreadable(e.to_string()))?;
+        let plugins = stored.value["plugins"]
+            .as_array()
+            .ok_or_else(|| unreadable("no plugins".into()))?
+            .iter()
+            .map(|p| {
+                Some(PluginId {
+                    name: p["name"].as_str()?.to_string(),
+                    digest: p["digest"].as_str()?.to_string(),
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| unreadable("a plugin without name or digest".into()))?;
+        let pinned = Arc::new(Pinned {
+            runtime: Arc::new(runtime),
+            plugins: Some(plugins),
+        });
+        self.snapshots.insert(cache_key, pinned.clone());
+        Ok(pinned)
     }
 
     /// The runtime a stored TrainJob refers to, defaulted as admission
@@ -440,6 +563,23 @@ impl TrainerAdmission {
         }
         Ok(outcome)
     }
+}
+
+/// A PreExecution call the plugin host could not run now: 429 with
+/// Retry-After, as kube-apiserver answers when it is overloaded (clients
+/// such as client-go and kubectl retry it), not 422 (the TrainJob is not
+/// invalid) nor 500 (nothing failed).
+fn overloaded(name: &str, e: &PipelineError) -> ApiError {
+    let mut error = ApiError::new(
+        429,
+        "TooManyRequests",
+        format!(
+            "Too many requests, please try again later: validating TrainJob {name:?} with the \
+             runtime's plugins: {e}"
+        ),
+    );
+    error.retry_after_seconds = Some(1);
+    error
 }
 
 /// On a TrainJob: the W3C `traceparent` of its admission span, the parent

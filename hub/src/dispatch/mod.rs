@@ -58,6 +58,15 @@ pub const ANNOTATION_SPOKE: &str = "trainhub.kubeflow.org/spoke";
 pub const ANNOTATION_RUN: &str = "trainhub.kubeflow.org/run";
 /// The Failed reason when the Build phase cannot produce the objects.
 pub const REASON_BUILD_FAILED: &str = "BuildFailed";
+/// TrainJob condition type: a plugin call this TrainJob needs (Build,
+/// PostExecution) could not run because the plugin host is overloaded, and
+/// is retried with backoff; removed once the call succeeds.
+pub const CONDITION_PLUGINS_DEFERRED: &str = "PluginsDeferred";
+/// Reason of the `PluginsDeferred=True` condition (and its Warning event).
+pub const REASON_PLUGIN_CALL_DEFERRED: &str = "PluginCallDeferred";
+/// Backoff of a deferred plugin call: 1 s, doubling, at most 5 minutes.
+const DEFER_FIRST: Duration = Duration::from_secs(1);
+const DEFER_MAX: Duration = Duration::from_secs(300);
 /// The finalizer a TrainJob gets with its first placement: a deleted
 /// TrainJob stays (with `deletionTimestamp`) until its run is stopped on
 /// its spoke, the spoke is declared lost, or the deletion timeout passes.
@@ -199,6 +208,54 @@ pub struct Footprint {
 }
 
 /// What a TrainJob asks for, and the enforced runtime info it comes from.
+/// Why a pipeline step for a TrainJob failed; `transient` when a plugin
+/// call could not run now (retried, see `Dispatch::defer`) rather than
+/// failed.
+#[derive(Debug)]
+struct StepError {
+    message: String,
+    transient: bool,
+}
+
+impl From<String> for StepError {
+    fn from(message: String) -> Self {
+        StepError {
+            message,
+            transient: false,
+        }
+    }
+}
+
+impl From<crate::plugins::PipelineError> for StepError {
+    fn from(e: crate::plugins::PipelineError) -> Self {
+        StepError {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The pipeline steps dispatch runs for a TrainJob, each deferred (and
+/// retried) on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Step {
+    /// The ML and pod-group policies (the TrainJob's demand).
+    Enforce,
+    /// The objects for the winning spoke.
+    Build,
+    /// PostExecution: the TrainJob status from the JobSet status.
+    Status,
+}
+
+/// A TrainJob's plugin calls of one step deferred in a row (their backoff), and
+/// whether a retry is already scheduled (one at a time: a deferral writes
+/// the TrainJob's status, whose watch event must not schedule another).
+#[derive(Debug, Default)]
+struct Deferral {
+    attempts: u32,
+    pending: bool,
+}
+
 struct Demand {
     pod_sets: Vec<PodSetDemand>,
     info: sdk::RuntimeInfo,
@@ -353,6 +410,8 @@ pub struct Dispatch {
     statuses: Mutex<HashMap<String, u64>>,
     /// Typed TrainJobs by (uid, generation, hash of labels and annotations).
     typed: moka::sync::Cache<(String, i64, u64), Arc<TrainJob>>,
+    /// Deferred plugin calls per TrainJob uid and step.
+    deferred: Mutex<HashMap<(String, Step), Deferral>>,
     writer: mpsc::UnboundedSender<Write>,
     writer_rx: Mutex<Option<mpsc::UnboundedReceiver<Write>>>,
     epoch: Instant,
@@ -402,6 +461,7 @@ impl Dispatch {
             events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
             typed: moka::sync::Cache::new(4096),
+            deferred: Mutex::new(HashMap::new()),
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),
             epoch: Instant::now(),
@@ -567,7 +627,11 @@ impl Dispatch {
                 ))
             })
             .collect();
+        // Listed before the TrainJobs: a snapshot is committed with its
+        // TrainJob, so one whose TrainJob is not listed after is an orphan.
+        let (snapshots, _) = self.store.list(crate::admission::RUNTIME_SNAPSHOTS, None);
         let (objects, rv) = self.store.list(TRAINJOBS, None);
+        self.sweep_snapshots(&snapshots, &objects);
         let mut watch = match self.store.watch(TRAINJOBS, None, Some(rv)) {
             Ok(w) => w,
             Err(e) => {
@@ -616,6 +680,9 @@ impl Dispatch {
             EventType::Deleted => {
                 if let Some(uid) = event.object.value["metadata"]["uid"].as_str() {
                     self.observe.forget(uid);
+                    self.write(vec![Op::Remove {
+                        key: crate::admission::snapshot_key(&key.namespace, uid),
+                    }]);
                 }
                 let actions = lock(&self.state).remove_job(&key);
                 self.execute(actions);
@@ -643,6 +710,13 @@ impl Dispatch {
         let name = meta["name"].as_str()?;
         let uid = meta["uid"].as_str()?.to_string();
         let status = &object["status"];
+        // A deferral's condition written after the call already succeeded
+        // (their writes race) is removed when its own write comes back.
+        if is_true(status, CONDITION_PLUGINS_DEFERRED)
+            && !lock(&self.deferred).keys().any(|(u, _)| *u == uid)
+        {
+            self.clear_deferred_condition(namespace, name, &uid);
+        }
         let managed_elsewhere = object["spec"]["managedBy"]
             .as_str()
             .is_some_and(|m| m != trainhub_api::constants::MANAGED_BY_TRAINJOB_CONTROLLER);
@@ -690,15 +764,57 @@ impl Dispatch {
             let generation = meta["generation"].as_i64().unwrap_or(0);
             let cache_key = (uid.clone(), generation);
             match self.demand.get(&cache_key) {
-                Some(d) => d.pod_sets.clone(),
+                Some(d) => {
+                    // Computed meanwhile (say, by a call that started after
+                    // one that was deferred): that step is done.
+                    self.undefer(namespace, name, &uid, Step::Enforce);
+                    d.pod_sets.clone()
+                }
                 None => match self.compute_demand(object) {
                     Ok(d) => {
+                        self.undefer(namespace, name, &uid, Step::Enforce);
                         let pod_sets = d.pod_sets.clone();
                         self.demand.insert(cache_key, Arc::new(d));
                         pod_sets
                     }
-                    Err(message) => {
-                        self.fail(namespace, name, REASON_BUILD_FAILED, &message);
+                    Err(e) if e.transient => {
+                        let key = Key::new(TRAINJOBS, Some(namespace), name);
+                        let (ns, n) = (namespace.to_string(), name.to_string());
+                        let retry_uid = uid.clone();
+                        self.defer(
+                            namespace,
+                            name,
+                            &uid,
+                            Step::Enforce,
+                            &e.message,
+                            move |this| {
+                                // Placements are committed before they are acted
+                                // on, so the stored one is the TrainJob's own.
+                                let Some(object) = this.store.get(&key) else {
+                                    return;
+                                };
+                                if object.value["metadata"]["uid"].as_str() != Some(&retry_uid) {
+                                    return;
+                                }
+                                let placement = this.stored_placement(&ns, &n, &retry_uid);
+                                this.upsert(&object.value, placement);
+                            },
+                        );
+                        // Placed on a spoke (say, after a hub restart): it
+                        // stays known as placed meanwhile, so its run is not
+                        // stopped as a stranger's; the retry fills its
+                        // demand in.
+                        if self
+                            .stored_placement(namespace, name, &uid)
+                            .is_some_and(|p| p.spoke.is_some())
+                        {
+                            Vec::new()
+                        } else {
+                            return None;
+                        }
+                    }
+                    Err(e) => {
+                        self.fail(namespace, name, REASON_BUILD_FAILED, &e.message);
                         return None;
                     }
                 },
@@ -740,19 +856,40 @@ impl Dispatch {
                 job
             }
         };
-        let runtime = self.admission.runtime_of(&job)?;
-        let pipeline =
-            Pipeline::select(&self.plugins.snapshot(), &runtime).map_err(|e| e.to_string())?;
+        // The runtime and plugins it was admitted with (see
+        // `TrainerAdmission::pinned`); one without a snapshot gets one now.
+        let pinned = self.admission.pinned(&job)?;
+        let runtime = pinned.runtime.clone();
+        let pipeline = match &pinned.plugins {
+            Some(ids) => Pipeline::select(&self.plugins.pinned(ids)?, &runtime),
+            None => Pipeline::select(&self.plugins.snapshot(), &runtime),
+        }
+        .map_err(|e| e.to_string())?;
+        if pinned.plugins.is_none()
+            && let (Some(namespace), Some(name), Some(uid)) = (
+                job.metadata.namespace.as_deref(),
+                job.metadata.name.as_deref(),
+                job.metadata.uid.as_deref(),
+            )
+        {
+            let op = crate::admission::snapshot_op(
+                namespace,
+                name,
+                uid,
+                &runtime,
+                None,
+                &pipeline.plugin_ids(),
+            )?;
+            self.write(vec![op]);
+        }
         Ok((job, runtime, pipeline))
     }
 
     /// Pod sets with counts and per-pod requests, after the ML and pod
     /// group policies.
-    fn compute_demand(&self, object: &Value) -> Result<Demand, String> {
+    fn compute_demand(&self, object: &Value) -> Result<Demand, StepError> {
         let (job, runtime, pipeline) = self.pipeline_for(object)?;
-        let info = pipeline
-            .enforce(&job, &runtime)
-            .map_err(|e| e.to_string())?;
+        let info = pipeline.enforce(&job, &runtime).map_err(StepError::from)?;
         let pod_sets = info
             .pod_sets
             .iter()
@@ -777,6 +914,141 @@ impl Dispatch {
             })
             .collect::<Result<_, String>>()?;
         Ok(Demand { pod_sets, info })
+    }
+
+    /// Removes the runtime snapshots of TrainJobs that are gone (deleted
+    /// while the hub was down). Idempotent.
+    fn sweep_snapshots(
+        &self,
+        snapshots: &[trainhub_apiserver::store::Object],
+        trainjobs: &[trainhub_apiserver::store::Object],
+    ) {
+        let uids: std::collections::HashSet<&str> = trainjobs
+            .iter()
+            .filter_map(|o| o.value["metadata"]["uid"].as_str())
+            .collect();
+        let gone: Vec<Op> = snapshots
+            .iter()
+            .filter(|s| !uids.contains(s.key.name.as_str()))
+            .map(|s| Op::Remove { key: s.key.clone() })
+            .collect();
+        if !gone.is_empty() {
+            self.write(gone);
+        }
+    }
+
+    /// The placement stored for a TrainJob, if it is this uid's.
+    fn stored_placement(&self, namespace: &str, name: &str, uid: &str) -> Option<Placement> {
+        let stored = self
+            .store
+            .get(&Key::new(PLACEMENTS, Some(namespace), name))?;
+        let v = &stored.value;
+        (v["uid"].as_str() == Some(uid)).then(|| Placement {
+            spoke: v["spoke"].as_str().map(String::from),
+            generation: v["generation"].as_i64().unwrap_or(0),
+        })
+    }
+
+    /// A plugin call for this TrainJob could not run now (the host is
+    /// overloaded): sets the `PluginsDeferred` condition, records a Warning
+    /// event, and runs `retry` after the TrainJob's backoff (1 s, doubling
+    /// per deferral in a row, at most 5 minutes). `retry` re-reads what it
+    /// needs, so a TrainJob changed or deleted meanwhile is not acted on
+    /// stale.
+    fn defer(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        step: Step,
+        message: &str,
+        retry: impl FnOnce(Arc<Dispatch>) + Send + 'static,
+    ) {
+        let Some(this) = self.self_arc() else { return };
+        let attempt = {
+            let mut deferred = lock(&self.deferred);
+            let d = deferred.entry((uid.to_string(), step)).or_default();
+            if d.pending {
+                return;
+            }
+            d.pending = true;
+            d.attempts = d.attempts.saturating_add(1);
+            d.attempts
+        };
+        let backoff = DEFER_FIRST
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+            .min(DEFER_MAX);
+        let message = format!("{message}; retrying in {}s", backoff.as_secs());
+        tracing::warn!(trainjob = %format!("{namespace}/{name}"), attempt, message, "plugin call deferred");
+        let job = job_key(namespace, name);
+        let event = trainjob_event(
+            &job,
+            Some(uid),
+            "Warning",
+            REASON_PLUGIN_CALL_DEFERRED,
+            &message,
+        );
+        self.record_events(&job, vec![event]);
+        let key = Key::new(TRAINJOBS, Some(namespace), name);
+        let uid = uid.to_string();
+        tokio::spawn(async move {
+            update_status(this.store.as_ref(), &key, |status| {
+                set_condition(
+                    status,
+                    CONDITION_PLUGINS_DEFERRED,
+                    "True",
+                    REASON_PLUGIN_CALL_DEFERRED,
+                    &message,
+                    &format_time(Timestamp::now()),
+                );
+                true
+            })
+            .await;
+            tokio::time::sleep(backoff).await;
+            match lock(&this.deferred).get_mut(&(uid, step)) {
+                Some(d) => d.pending = false,
+                // A call succeeded meanwhile: nothing to retry.
+                None => return,
+            }
+            retry(this);
+        });
+    }
+
+    /// A plugin call of `step` for this TrainJob succeeded: if that step
+    /// was deferred its backoff restarts, and once no step is, the
+    /// `PluginsDeferred` condition goes.
+    fn undefer(&self, namespace: &str, name: &str, uid: &str, step: Step) {
+        {
+            let mut deferred = lock(&self.deferred);
+            if deferred.remove(&(uid.to_string(), step)).is_none()
+                || deferred.keys().any(|(u, _)| u == uid)
+            {
+                return;
+            }
+        }
+        self.clear_deferred_condition(namespace, name, uid);
+    }
+
+    /// Removes the `PluginsDeferred` condition, unless a step of the
+    /// TrainJob is deferred again by the time it is written.
+    fn clear_deferred_condition(&self, namespace: &str, name: &str, uid: &str) {
+        let Some(this) = self.self_arc() else { return };
+        let key = Key::new(TRAINJOBS, Some(namespace), name);
+        let uid = uid.to_string();
+        tokio::spawn(async move {
+            update_status(this.store.as_ref(), &key, |status| {
+                if lock(&this.deferred).keys().any(|(u, _)| *u == uid) {
+                    return false;
+                }
+                let Some(conditions) = status["conditions"].as_array_mut() else {
+                    return false;
+                };
+                let before = conditions.len();
+                conditions.retain(|c| c["type"] != CONDITION_PLUGINS_DEFERRED);
+                conditions.len() != before
+            })
+            .await;
+        });
     }
 
     /// Marks a TrainJob Failed with `reason`.
@@ -1157,11 +1429,18 @@ impl Dispatch {
                         Some(demand) => pipeline.build_enforced(&job, demand.info.clone(), &target),
                         None => pipeline.build(&job, &runtime, &target),
                     };
-                    built.map_err(|e| e.to_string())
+                    built.map_err(StepError::from)
                 })
                 .await
-                .unwrap_or_else(|e| Err(format!("the build task failed: {e}")))
+                .unwrap_or_else(|e| Err(format!("the build task failed: {e}").into()))
             };
+            let uid = object.value["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if built.is_ok() {
+                this.undefer(&job.namespace, &job.name, &uid, Step::Build);
+            }
             match built {
                 Ok(rendered) => {
                     let objects_json = rendered.objects.iter().map(Value::to_string).collect();
@@ -1181,7 +1460,29 @@ impl Dispatch {
                         }),
                     );
                 }
-                Err(message) => this.fail(&job.namespace, &job.name, REASON_BUILD_FAILED, &message),
+                Err(e) if e.transient => {
+                    let (namespace, name) = (job.namespace.clone(), job.name.clone());
+                    let retry_uid = uid.clone();
+                    this.defer(
+                        &namespace,
+                        &name,
+                        &uid,
+                        Step::Build,
+                        &e.message,
+                        move |this| {
+                            // Only while this run is still the placement the
+                            // store holds: never a Start for a superseded run.
+                            let current =
+                                this.stored_placement(&job.namespace, &job.name, &retry_uid);
+                            if current.is_some_and(|p| {
+                                p.generation == generation && p.spoke.as_deref() == Some(&spoke)
+                            }) {
+                                this.start(spoke, job, run_id, generation);
+                            }
+                        },
+                    );
+                }
+                Err(e) => this.fail(&job.namespace, &job.name, REASON_BUILD_FAILED, &e.message),
             }
         });
     }
@@ -1529,7 +1830,9 @@ impl Dispatch {
         let status_hash = hash_of(&report.jobset_status_json);
         let changed =
             lock(&self.statuses).insert(report.run_id.clone(), status_hash) != Some(status_hash);
-        if changed && let Err(message) = self.map_status(&key, &report.jobset_status_json) {
+        if changed
+            && let Err(message) = self.map_status(&key, &report.run_id, &report.jobset_status_json)
+        {
             tracing::warn!(trainjob = %key, message, "mapping the run's status");
         }
     }
@@ -1748,8 +2051,14 @@ impl Dispatch {
     }
 
     /// PostExecution: the TrainJob's status from the JobSet status, merged
-    /// by the writer in the order reports arrived.
-    fn map_status(&self, key: &JobKey, jobset_status_json: &str) -> Result<(), String> {
+    /// by the writer in the order reports arrived. A deferred call is
+    /// retried with backoff for as long as no newer status of the run came.
+    fn map_status(
+        &self,
+        key: &JobKey,
+        run_id: &str,
+        jobset_status_json: &str,
+    ) -> Result<(), String> {
         if jobset_status_json.is_empty() {
             return Ok(());
         }
@@ -1762,10 +2071,43 @@ impl Dispatch {
         let (job, _, pipeline) = self.pipeline_for(&object.value)?;
         let uid = object.value["metadata"]["uid"].as_str().unwrap_or_default();
         let span = self.observe.status(uid);
-        let Some(mapped) = span
-            .in_scope(|| pipeline.status(&job, &observed))
-            .map_err(|e| e.to_string())?
-        else {
+        let mapped = match span.in_scope(|| pipeline.status(&job, &observed)) {
+            Ok(mapped) => {
+                self.undefer(&key.namespace, &key.name, uid, Step::Status);
+                mapped
+            }
+            Err(e) if e.is_transient() => {
+                let hash = hash_of(&jobset_status_json);
+                let (retry_key, retry_uid, run_id, json) = (
+                    key.clone(),
+                    uid.to_string(),
+                    run_id.to_string(),
+                    jobset_status_json.to_string(),
+                );
+                self.defer(
+                    &key.namespace,
+                    &key.name,
+                    uid,
+                    Step::Status,
+                    &e.to_string(),
+                    move |this| {
+                        let latest = lock(&this.statuses).get(&run_id) == Some(&hash);
+                        if !latest {
+                            // A newer status of the run came and was mapped.
+                            let (ns, name) = (&retry_key.namespace, &retry_key.name);
+                            this.undefer(ns, name, &retry_uid, Step::Status);
+                            return;
+                        }
+                        if let Err(message) = this.map_status(&retry_key, &run_id, &json) {
+                            tracing::warn!(trainjob = %retry_key, message, "mapping the run's status");
+                        }
+                    },
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        let Some(mapped) = mapped else {
             return Ok(());
         };
         self.observe.status_mapped(uid, &span, &mapped);

@@ -7,6 +7,29 @@
 //! TrainJobs, and a plugin that traps, loops or exhausts its memory fails that
 //! call only.
 //!
+//! # Limits
+//!
+//! What stops a runaway plugin is CPU time, not wall-clock time: each call
+//! has a budget of CPU time spent by the thread that runs it (its own
+//! execution: instantiation, wasm, the host functions it calls), checked at
+//! every epoch tick (10 ms) through an epoch-deadline callback. A busy
+//! machine slows a call down but does not use up its budget, so a plugin
+//! fails a TrainJob only for what it does itself ([`PluginError::CpuExhausted`]).
+//! A generous wall-clock bound (queueing included) stays as the last resort;
+//! its expiry is the host's fault, reported as [`PluginError::Deferred`],
+//! which callers retry.
+//!
+//! # Threads
+//!
+//! Every call executes on the host's own plugin threads, never on the
+//! caller's thread: an async runtime's worker waiting for a call lets its
+//! other tasks move to another worker (`block_in_place`), so API requests
+//! keep being served while plugins run. At most [`PLUGIN_QUEUE`] calls wait
+//! for a plugin thread; a further call is refused at once as
+//! [`PluginError::Deferred`] (the host is saturated).
+//!
+//! # Instances
+//!
 //! Instances come from wasmtime's pooling allocator: a fixed set of slots
 //! whose address space is reserved once and whose linear memories are reset
 //! (only the pages a call dirtied) when the call ends, with the component's
@@ -24,6 +47,7 @@
 //! std uses to seed `HashMap` hashing. A component importing anything else
 //! (filesystem, sockets, clocks, secure random, HTTP ...) is refused at load.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -37,7 +61,7 @@ use wasmtime::component::{
 };
 use wasmtime::{
     Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter,
-    Store,
+    Store, UpdateDeadline,
 };
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -46,8 +70,10 @@ use super::bindings::{self, Level, PluginPre, wit};
 use super::convert::Convert;
 use super::{Phase, PluginError, PluginId};
 
-/// Epoch ticks per second: the deadline's resolution is 10 ms.
+/// How often a running call's CPU time and wall-clock time are checked.
 const TICK: Duration = Duration::from_millis(10);
+/// Calls that may wait for a plugin thread; a further call is deferred.
+pub const PLUGIN_QUEUE: usize = 1024;
 /// Bytes of a plugin's stdout/stderr kept per call.
 const STDIO_CAPTURE: usize = 64 * 1024;
 /// Upper bound on one `random-bytes` request.
@@ -93,17 +119,24 @@ const GRANTED_IMPORTS: &[&str] = &[
 /// Resource limits of one plugin's calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Wall-clock budget of one call.
-    pub deadline: Duration,
+    /// CPU time one call may spend; past it the call fails as the plugin's
+    /// own fault. The slowest built-in call needs well under a millisecond
+    /// (docs/benchmarks.md).
+    pub cpu: Duration,
+    /// Wall-clock bound of one call, waiting for a plugin thread included:
+    /// the last resort against an overloaded host. Past it the call is
+    /// deferred (retried later), not failed.
+    pub wall: Duration,
     /// Linear memory cap of one call's instance, in bytes.
     pub memory: usize,
 }
 
 impl Default for Limits {
-    /// One second and 64 MiB.
+    /// One second of CPU, 30 seconds of wall-clock time, 64 MiB.
     fn default() -> Self {
         Limits {
-            deadline: Duration::from_secs(1),
+            cpu: Duration::from_secs(1),
+            wall: Duration::from_secs(30),
             memory: 64 << 20,
         }
     }
@@ -115,6 +148,9 @@ pub struct HostConfig {
     /// Where compiled machine code is kept across restarts; `None` keeps it
     /// in memory only.
     pub cache_dir: Option<PathBuf>,
+    /// Threads that execute plugin calls; 0 picks twice the CPUs (at least
+    /// 4, at most [`CONCURRENT_CALLS`]).
+    pub threads: usize,
 }
 
 /// The plugin sandbox: one engine, compiled components by digest.
@@ -125,11 +161,13 @@ pub struct Host {
     ticker: Arc<AtomicBool>,
     /// Free instance slots, when instances come from the pool.
     slots: Option<Arc<Slots>>,
+    threads: Arc<Threads>,
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
         self.ticker.store(false, Ordering::Relaxed);
+        self.threads.close();
     }
 }
 
@@ -192,12 +230,23 @@ impl Host {
             })
             .map_err(|e| PluginError::Host(format!("epoch thread: {e}")))?;
 
+        let threads = match config.threads {
+            0 => std::thread::available_parallelism()
+                .map_or(2, usize::from)
+                .saturating_mul(2)
+                .clamp(4, CONCURRENT_CALLS as usize),
+            n => n.min(CONCURRENT_CALLS as usize),
+        };
+        let threads = Threads::start(threads, PLUGIN_QUEUE)
+            .map_err(|e| PluginError::Host(format!("plugin threads: {e}")))?;
+
         Ok(Host {
             engine,
             linker: Arc::new(linker),
             compiled: moka::sync::Cache::new(256),
             ticker,
             slots,
+            threads,
         })
     }
 
@@ -270,17 +319,18 @@ impl Host {
             exports,
             engine: self.engine.clone(),
             slots: self.slots.clone(),
+            threads: self.threads.clone(),
         };
         let (descriptor,): (wit::Descriptor,) =
-            plugin.call(Phase::Startup, &plugin.exports.describe, ())?;
+            plugin.call(Phase::Startup, plugin.exports.describe, ())?;
         let descriptor: sdk::Descriptor = descriptor.convert();
         check_descriptor(&plugin.id, &descriptor)?;
         plugin.id.name = descriptor.name.clone();
         plugin.descriptor = descriptor;
         let (errors,): (Vec<wit::FieldError>,) = plugin.call(
             Phase::Startup,
-            &plugin.exports.validate_settings,
-            (plugin.settings.as_str(),),
+            plugin.exports.validate_settings,
+            (plugin.settings.clone(),),
         )?;
         let errors: Vec<sdk::FieldError> = errors.convert();
         if !errors.is_empty() {
@@ -335,6 +385,7 @@ pub struct LoadedPlugin {
     exports: Exports,
     engine: Engine,
     slots: Option<Arc<Slots>>,
+    threads: Arc<Threads>,
 }
 
 /// Where the world's exports are in a component, looked up once at load so
@@ -397,46 +448,19 @@ impl LoadedPlugin {
     }
 
     /// Calls `export` with `params` on a fresh instance in a fresh store,
-    /// under the plugin's deadline and memory cap, and classifies what went
-    /// wrong.
+    /// on a plugin thread, under the plugin's CPU budget, wall-clock bound
+    /// and memory cap, and classifies what went wrong. The caller's thread
+    /// waits (see the module docs).
     fn call<P, R>(
         &self,
         phase: Phase,
-        export: &ComponentExportIndex,
+        export: ComponentExportIndex,
         params: P,
     ) -> Result<R, PluginError>
     where
-        P: ComponentNamedList + Lower + Send + Sync,
-        R: ComponentNamedList + Lift + Send + Sync,
+        P: ComponentNamedList + Lower + Send + Sync + 'static,
+        R: ComponentNamedList + Lift + Send + Sync + 'static,
     {
-        // Held until the store (declared after it, so dropped before it) has
-        // given its instance back to the pool.
-        let _slot = self.slots.as_ref().map(Slots::acquire);
-        let stdio = MemoryOutputPipe::new(STDIO_CAPTURE);
-        let wasi = WasiCtx::builder()
-            .stdout(stdio.clone())
-            .stderr(stdio.clone())
-            .build();
-        let state = CallState {
-            wasi,
-            table: ResourceTable::new(),
-            limiter: MemoryCap {
-                limit: self.limits.memory,
-                hit: false,
-            },
-            plugin: self.id.name.clone(),
-        };
-        let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.limiter);
-        let ticks = self
-            .limits
-            .deadline
-            .as_millis()
-            .div_ceil(TICK.as_millis())
-            .max(1);
-        store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX));
-        store.epoch_deadline_trap();
-
         let span = trainhub_telemetry::span!(
             "plugin",
             plugin.name = %self.id.name,
@@ -444,50 +468,35 @@ impl LoadedPlugin {
             plugin.phase = phase.as_str(),
             plugin.outcome = tracing::field::Empty,
         );
-        let _entered = span.enter();
-        let started = Instant::now();
-        let result = self.pre.instantiate(&mut store).and_then(|instance| {
-            instance
-                .get_typed_func::<P, R>(&mut store, export)?
-                .call(&mut store, params)
-        });
-        let output = stdio.contents();
-        if !output.is_empty() {
-            tracing::info!(plugin = %self.id, %phase, output = %String::from_utf8_lossy(&output), "plugin wrote to stdio");
-        }
-        let result = result.map_err(|error| {
-            if store.data().limiter.hit {
-                PluginError::OutOfMemory {
-                    plugin: self.id.clone(),
-                    phase,
-                    limit: self.limits.memory,
-                }
-            } else if error.downcast_ref::<wasmtime::Trap>() == Some(&wasmtime::Trap::Interrupt) {
-                PluginError::Timeout {
-                    plugin: self.id.clone(),
-                    phase,
-                    deadline: self.limits.deadline,
-                    elapsed: started.elapsed(),
-                }
-            } else {
-                let mut message = format!("{error:#}");
-                if !output.is_empty() {
-                    message.push_str(&format!(
-                        "; plugin output: {}",
-                        String::from_utf8_lossy(&output).trim()
-                    ));
-                }
-                PluginError::Trap {
-                    plugin: self.id.clone(),
-                    phase,
-                    message,
-                }
+        let submitted = Instant::now();
+        let call = Call {
+            id: self.id.clone(),
+            phase,
+            pre: self.pre.clone(),
+            engine: self.engine.clone(),
+            slots: self.slots.clone(),
+            limits: self.limits,
+            submitted,
+        };
+        let run = {
+            let span = span.clone();
+            move || {
+                let _entered = span.enter();
+                call.execute::<P, R>(export, params)
             }
+        };
+        let result = self.threads.run(run).unwrap_or_else(|reason| {
+            Err(PluginError::Deferred {
+                plugin: self.id.clone(),
+                phase,
+                reason,
+            })
         });
         let outcome = match &result {
             Ok(_) => "ok",
             Err(PluginError::OutOfMemory { .. }) => "out-of-memory",
-            Err(PluginError::Timeout { .. }) => "timeout",
+            Err(PluginError::CpuExhausted { .. }) => "cpu-exhausted",
+            Err(PluginError::Deferred { .. }) => "deferred",
             Err(_) => "trap",
         };
         span.record("plugin.outcome", outcome);
@@ -495,7 +504,7 @@ impl LoadedPlugin {
             &self.id.name,
             phase.as_str(),
             outcome,
-            started.elapsed(),
+            submitted.elapsed(),
         );
         result
     }
@@ -513,8 +522,8 @@ impl LoadedPlugin {
         let ctx = self.context();
         let (validation,): (wit::Validation,) = self.call(
             Phase::Validate,
-            &self.exports.validate,
-            (&ctx, trainjob, runtime),
+            self.exports.validate,
+            (ctx, trainjob.to_string(), runtime.to_string()),
         )?;
         Ok(validation.convert())
     }
@@ -528,8 +537,8 @@ impl LoadedPlugin {
         let info: wit::RuntimeInfo = info.convert();
         let (result,): (Result<wit::RuntimeInfo, wit::Failure>,) = self.call(
             Phase::EnforceMlPolicy,
-            &self.exports.enforce_ml_policy,
-            (&ctx, &info, trainjob),
+            self.exports.enforce_ml_policy,
+            (ctx, info, trainjob.to_string()),
         )?;
         result
             .map(Convert::convert)
@@ -545,8 +554,8 @@ impl LoadedPlugin {
         let info: wit::RuntimeInfo = info.convert();
         let (result,): (Result<wit::RuntimeInfo, wit::Failure>,) = self.call(
             Phase::EnforcePodGroupPolicy,
-            &self.exports.enforce_pod_group_policy,
-            (&ctx, &info, trainjob),
+            self.exports.enforce_pod_group_policy,
+            (ctx, info, trainjob.to_string()),
         )?;
         result
             .map(Convert::convert)
@@ -566,8 +575,8 @@ impl LoadedPlugin {
         let target: wit::Target = target.clone().convert();
         let (result,): (Result<Vec<String>, wit::Failure>,) = self.call(
             Phase::Build,
-            &self.exports.build,
-            (&ctx, &info, trainjob, &target),
+            self.exports.build,
+            (ctx, info, trainjob.to_string(), target),
         )?;
         result.map_err(|f| self.failed(Phase::Build, f))
     }
@@ -577,11 +586,193 @@ impl LoadedPlugin {
         let ctx = self.context();
         let (result,): (Result<Option<String>, wit::Failure>,) = self.call(
             Phase::Status,
-            &self.exports.status,
-            (&ctx, trainjob, observed),
+            self.exports.status,
+            (ctx, trainjob.to_string(), observed.to_string()),
         )?;
         result.map_err(|f| self.failed(Phase::Status, f))
     }
+}
+
+/// One call, as a plugin thread executes it.
+struct Call {
+    id: PluginId,
+    phase: Phase,
+    pre: InstancePre<CallState>,
+    engine: Engine,
+    slots: Option<Arc<Slots>>,
+    limits: Limits,
+    submitted: Instant,
+}
+
+impl Call {
+    fn deferred(&self, reason: String) -> PluginError {
+        PluginError::Deferred {
+            plugin: self.id.clone(),
+            phase: self.phase,
+            reason,
+        }
+    }
+
+    fn execute<P, R>(self, export: ComponentExportIndex, params: P) -> Result<R, PluginError>
+    where
+        P: ComponentNamedList + Lower + Send + Sync,
+        R: ComponentNamedList + Lift + Send + Sync,
+    {
+        let waited = self.submitted.elapsed();
+        if waited >= self.limits.wall {
+            return Err(self.deferred(format!(
+                "waited {waited:?} for a plugin thread, past the wall-clock bound of {:?}: \
+                 the host is overloaded",
+                self.limits.wall
+            )));
+        }
+        // Held until the store (declared after it, so dropped before it) has
+        // given its instance back to the pool.
+        let _slot = self.slots.as_ref().map(Slots::acquire);
+        let stdio = MemoryOutputPipe::new(STDIO_CAPTURE);
+        let wasi = WasiCtx::builder()
+            .stdout(stdio.clone())
+            .stderr(stdio.clone())
+            .build();
+        let state = CallState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryCap {
+                limit: self.limits.memory,
+                hit: false,
+            },
+            plugin: self.id.name.clone(),
+            clock: CallClock {
+                cpu_start: thread_cpu_time(),
+                cpu_budget: self.limits.cpu,
+                submitted: self.submitted,
+                wall: self.limits.wall,
+                stopped: None,
+            },
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        // Checked at every tick: the call's CPU time, then its wall-clock time.
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|mut ctx| {
+            let clock = &mut ctx.data_mut().clock;
+            Ok(match clock.check() {
+                None => UpdateDeadline::Continue(1),
+                Some(stop) => {
+                    clock.stopped = Some(stop);
+                    UpdateDeadline::Interrupt
+                }
+            })
+        });
+
+        let instance = match self.pre.instantiate(&mut store) {
+            Ok(instance) => instance,
+            Err(error) => {
+                let state = store.data();
+                let own = state.limiter.hit
+                    || state.clock.stopped.is_some()
+                    || error.downcast_ref::<wasmtime::Trap>().is_some();
+                if !own {
+                    // Not the plugin's doing (it instantiated at load): the
+                    // instance slot or its memory could not be had.
+                    return Err(self.deferred(format!(
+                        "cannot instantiate (the host is short of resources): {error:#}"
+                    )));
+                }
+                return Err(self.classify(state, error, &stdio.contents()));
+            }
+        };
+        let result = instance
+            .get_typed_func::<P, R>(&mut store, export)
+            .and_then(|f| f.call(&mut store, params));
+        let output = stdio.contents();
+        if !output.is_empty() {
+            tracing::info!(plugin = %self.id, phase = %self.phase, output = %String::from_utf8_lossy(&output), "plugin wrote to stdio");
+        }
+        result.map_err(|error| self.classify(store.data(), error, &output))
+    }
+
+    /// The plugin's own fault (memory cap, CPU budget, trap), or the host's
+    /// (wall-clock bound).
+    fn classify(&self, state: &CallState, error: wasmtime::Error, output: &[u8]) -> PluginError {
+        match state.clock.stopped {
+            Some(Stop::Cpu { used }) => {
+                return PluginError::CpuExhausted {
+                    plugin: self.id.clone(),
+                    phase: self.phase,
+                    budget: self.limits.cpu,
+                    used,
+                };
+            }
+            Some(Stop::Wall { elapsed, cpu }) => {
+                return self.deferred(format!(
+                    "still running after {elapsed:?} of wall-clock time (the bound is {:?}) \
+                     having used only {cpu:?} of its {:?} CPU budget: the host is overloaded",
+                    self.limits.wall, self.limits.cpu
+                ));
+            }
+            None => {}
+        }
+        if state.limiter.hit {
+            return PluginError::OutOfMemory {
+                plugin: self.id.clone(),
+                phase: self.phase,
+                limit: self.limits.memory,
+            };
+        }
+        let mut message = format!("{error:#}");
+        if !output.is_empty() {
+            message.push_str(&format!(
+                "; plugin output: {}",
+                String::from_utf8_lossy(output).trim()
+            ));
+        }
+        PluginError::Trap {
+            plugin: self.id.clone(),
+            phase: self.phase,
+            message,
+        }
+    }
+}
+
+/// Why a call was stopped at a tick.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    Cpu { used: Duration },
+    Wall { elapsed: Duration, cpu: Duration },
+}
+
+/// A call's budgets, checked at every epoch tick.
+struct CallClock {
+    cpu_start: Duration,
+    cpu_budget: Duration,
+    submitted: Instant,
+    wall: Duration,
+    stopped: Option<Stop>,
+}
+
+impl CallClock {
+    fn check(&self) -> Option<Stop> {
+        let cpu = thread_cpu_time().saturating_sub(self.cpu_start);
+        if cpu >= self.cpu_budget {
+            return Some(Stop::Cpu { used: cpu });
+        }
+        let elapsed = self.submitted.elapsed();
+        if elapsed >= self.wall {
+            return Some(Stop::Wall { elapsed, cpu });
+        }
+        None
+    }
+}
+
+/// CPU time the current thread has used: what a call costs, whatever else
+/// the machine is doing.
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// The store data of one call.
@@ -590,6 +781,7 @@ struct CallState {
     table: ResourceTable,
     limiter: MemoryCap,
     plugin: String,
+    clock: CallClock,
 }
 
 impl WasiView for CallState {
@@ -710,6 +902,114 @@ impl Drop for Slot {
     fn drop(&mut self) {
         *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
         self.0.freed.notify_one();
+    }
+}
+
+/// The plugin threads: calls wait in a bounded queue and each runs on one
+/// of a fixed set of threads.
+struct Threads {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    bound: usize,
+}
+
+struct Queue {
+    jobs: VecDeque<Box<dyn FnOnce() + Send>>,
+    closed: bool,
+}
+
+impl Threads {
+    fn start(count: usize, bound: usize) -> std::io::Result<Arc<Self>> {
+        let threads = Arc::new(Threads {
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+            bound,
+        });
+        for i in 0..count.max(1) {
+            let me = threads.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("plugin-{i}"))
+                .spawn(move || me.work());
+            if let Err(e) = spawned {
+                threads.close();
+                return Err(e);
+            }
+        }
+        Ok(threads)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut queue = self.lock();
+                loop {
+                    if let Some(job) = queue.jobs.pop_front() {
+                        break job;
+                    }
+                    if queue.closed {
+                        return;
+                    }
+                    queue = self
+                        .ready
+                        .wait(queue)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            };
+            // A panic in the host's own code ends that call (its caller sees
+            // no answer), not the thread.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+        }
+    }
+
+    /// Ends the threads once the calls queued have run.
+    fn close(&self) {
+        self.lock().closed = true;
+        self.ready.notify_all();
+    }
+
+    /// Runs `work` on a plugin thread and waits for its result; `Err` says
+    /// why it could not run (the queue is full, the host is closing).
+    fn run<R: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, String> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut queue = self.lock();
+            if queue.closed {
+                return Err("the plugin host is shutting down".into());
+            }
+            if queue.jobs.len() >= self.bound {
+                return Err(format!(
+                    "{} calls already wait for a plugin thread: the host is saturated",
+                    queue.jobs.len()
+                ));
+            }
+            queue.jobs.push_back(Box::new(move || {
+                let _ = tx.send(work());
+            }));
+        }
+        self.ready.notify_one();
+        wait_blocking(|| rx.recv())
+            .map_err(|_| "the plugin thread ended the call without an answer".to_string())
+    }
+}
+
+/// Runs `f`, which blocks; on a multi-threaded tokio runtime's worker, the
+/// worker's other tasks move to another thread meanwhile.
+fn wait_blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 

@@ -82,12 +82,23 @@ pub enum PluginError {
         plugin: PluginId,
         errors: Vec<FieldError>,
     },
-    #[error("{plugin}: {phase} exceeded its deadline of {deadline:?} (stopped after {elapsed:?})")]
-    Timeout {
+    /// The call used up its CPU budget: the plugin's own fault.
+    #[error(
+        "{plugin}: {phase} exceeded its CPU budget of {budget:?} (stopped after {used:?} of CPU time)"
+    )]
+    CpuExhausted {
         plugin: PluginId,
         phase: Phase,
-        deadline: Duration,
-        elapsed: Duration,
+        budget: Duration,
+        used: Duration,
+    },
+    /// The host could not run the call now (saturated, overloaded, short of
+    /// resources): not the plugin's fault, and worth retrying later.
+    #[error("{plugin}: {phase} deferred: {reason}")]
+    Deferred {
+        plugin: PluginId,
+        phase: Phase,
+        reason: String,
     },
     #[error("{plugin}: {phase} exceeded its memory cap of {} MiB", .limit >> 20)]
     OutOfMemory {
@@ -123,12 +134,22 @@ impl PluginError {
             PluginError::Load { plugin, .. }
             | PluginError::ForbiddenImport { plugin, .. }
             | PluginError::Settings { plugin, .. }
-            | PluginError::Timeout { plugin, .. }
+            | PluginError::CpuExhausted { plugin, .. }
+            | PluginError::Deferred { plugin, .. }
             | PluginError::OutOfMemory { plugin, .. }
             | PluginError::Trap { plugin, .. }
             | PluginError::Malformed { plugin, .. }
             | PluginError::Failed { plugin, .. } => Some(plugin),
         }
+    }
+}
+
+impl PluginError {
+    /// Whether the failure is the host's (overloaded, saturated, short of
+    /// resources) rather than the plugin's: the call may succeed if retried
+    /// later, so it must not fail a TrainJob.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PluginError::Deferred { .. })
     }
 }
 

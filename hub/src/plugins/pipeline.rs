@@ -181,6 +181,14 @@ pub enum PipelineError {
     Serialize { what: &'static str, reason: String },
 }
 
+impl PipelineError {
+    /// Whether a plugin call could not run now (the host is overloaded):
+    /// the caller retries later instead of failing the TrainJob.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, PipelineError::Plugin(e) if e.is_transient())
+    }
+}
+
 /// What the Build phase produced for one target.
 #[derive(Debug, Clone)]
 pub struct Rendered {
@@ -274,6 +282,11 @@ impl Pipeline {
             .iter()
             .chain(std::iter::once(&self.ml))
             .chain(self.pod_group.iter())
+    }
+
+    /// The plugins that apply (names and digests), in phase order.
+    pub fn plugin_ids(&self) -> Vec<PluginId> {
+        self.applicable().map(|p| p.id().clone()).collect()
     }
 
     /// Names of the plugins that apply, in phase order.

@@ -6,7 +6,8 @@
 //!
 //! ```yaml
 //! settings: {team: ml-platform}   # any JSON/YAML value, validated by the plugin at load
-//! timeoutMillis: 1000             # per-call deadline (default 1000)
+//! cpuMillis: 1000                 # per-call CPU time budget (default 1000; alias timeoutMillis)
+//! wallClockMillis: 30000          # per-call wall-clock last resort, retried when hit (default 30000)
 //! memoryMiB: 64                   # per-call memory cap (default 64)
 //! ```
 //!
@@ -63,7 +64,9 @@ impl Snapshot {
 struct Sidecar {
     #[serde(default)]
     settings: Option<serde_json::Value>,
-    timeout_millis: Option<u64>,
+    #[serde(alias = "timeoutMillis")]
+    cpu_millis: Option<u64>,
+    wall_clock_millis: Option<u64>,
     #[serde(rename = "memoryMiB")]
     memory_mib: Option<u64>,
 }
@@ -86,6 +89,10 @@ pub struct Registry {
     dir: Option<PathBuf>,
     current: RwLock<Arc<Snapshot>>,
     files: Mutex<Files>,
+    /// Every plugin version loaded since start, by digest: a TrainJob keeps
+    /// the plugins it was admitted with (its runtime snapshot) after the
+    /// directory replaced or removed them.
+    retained: Mutex<HashMap<String, Arc<dyn PhasePlugin>>>,
 }
 
 /// What the last scans found, by path.
@@ -105,8 +112,14 @@ impl Registry {
             host,
             builtins: builtins.clone(),
             dir,
-            current: RwLock::new(Arc::new(Snapshot::new(builtins))),
+            current: RwLock::new(Arc::new(Snapshot::new(builtins.clone()))),
             files: Mutex::new(Files::default()),
+            retained: Mutex::new(
+                builtins
+                    .into_iter()
+                    .map(|p| (p.id().digest.clone(), p))
+                    .collect(),
+            ),
         };
         registry.rescan();
         registry
@@ -119,6 +132,34 @@ impl Registry {
             Ok(s) => s.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// Exactly the plugins `ids` names (by digest), loaded now or earlier
+    /// since the hub started: what a TrainJob's runtime snapshot pins.
+    ///
+    /// # Errors
+    ///
+    /// Names the first plugin not loaded since the hub started (its file
+    /// was replaced or removed before a restart): the TrainJob cannot be
+    /// built or have its status mapped as admitted.
+    pub fn pinned(&self, ids: &[super::PluginId]) -> Result<Snapshot, String> {
+        let retained = lock(&self.retained);
+        ids.iter()
+            .map(|id| {
+                retained
+                    .get(&id.digest)
+                    .filter(|p| p.id().name == id.name)
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!(
+                            "{id}, which the TrainJob was admitted with, is no longer loaded \
+                             (its file was replaced or removed before the hub restarted); \
+                             restore it in the plugins directory or recreate the TrainJob"
+                        )
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Snapshot::new)
     }
 
     pub fn host(&self) -> &Arc<Host> {
@@ -163,6 +204,7 @@ impl Registry {
             match self.load_file(&wasm, &fingerprint) {
                 Ok(plugin) => {
                     tracing::info!(file = %wasm.display(), plugin = %plugin.id(), "plugin loaded");
+                    lock(&self.retained).insert(plugin.id().digest.clone(), plugin.clone());
                     files.failed.remove(&wasm);
                     files.loaded.insert(
                         wasm,
@@ -173,9 +215,14 @@ impl Registry {
                     );
                     changed = true;
                 }
-                Err(e) => {
+                Err((e, transient)) => {
                     tracing::warn!(file = %wasm.display(), error = %e, "plugin not loaded");
-                    files.failed.insert(wasm.clone(), (fingerprint, e.clone()));
+                    // A load the host could not run now is retried at the
+                    // next scan; any other failure waits for the file to
+                    // change.
+                    if !transient {
+                        files.failed.insert(wasm.clone(), (fingerprint, e.clone()));
+                    }
                     problems.push((wasm, e));
                 }
             }
@@ -236,18 +283,23 @@ impl Registry {
         &self,
         wasm: &Path,
         fingerprint: &Fingerprint,
-    ) -> Result<Arc<dyn PhasePlugin>, String> {
+    ) -> Result<Arc<dyn PhasePlugin>, (String, bool)> {
         let sidecar = match &fingerprint.sidecar {
-            Some((path, _, _)) => read_sidecar(path)?,
+            Some((path, _, _)) => read_sidecar(path).map_err(|e| (e, false))?,
             None => Sidecar::default(),
         };
-        let bytes = std::fs::read(wasm).map_err(|e| format!("reading {}: {e}", wasm.display()))?;
+        let bytes =
+            std::fs::read(wasm).map_err(|e| (format!("reading {}: {e}", wasm.display()), false))?;
         let defaults = Limits::default();
         let limits = Limits {
-            deadline: sidecar
-                .timeout_millis
+            cpu: sidecar
+                .cpu_millis
                 .map(Duration::from_millis)
-                .unwrap_or(defaults.deadline),
+                .unwrap_or(defaults.cpu),
+            wall: sidecar
+                .wall_clock_millis
+                .map(Duration::from_millis)
+                .unwrap_or(defaults.wall),
             memory: sidecar
                 .memory_mib
                 .and_then(|m| usize::try_from(m << 20).ok())
@@ -263,8 +315,12 @@ impl Registry {
         self.host
             .load(&source, &bytes, &settings, limits)
             .map(|p| p as Arc<dyn PhasePlugin>)
-            .map_err(|e: PluginError| e.to_string())
+            .map_err(|e: PluginError| (e.to_string(), e.is_transient()))
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn list_components(dir: &Path, problems: &mut Vec<(PathBuf, String)>) -> Vec<PathBuf> {
@@ -318,7 +374,7 @@ fn read_sidecar(path: &Path) -> Result<Sidecar, String> {
     };
     parsed.map_err(|e| {
         format!(
-            "{}: {e} (expected keys: settings, timeoutMillis, memoryMiB)",
+            "{}: {e} (expected keys: settings, cpuMillis, wallClockMillis, memoryMiB)",
             path.display()
         )
     })

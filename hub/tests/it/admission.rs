@@ -859,3 +859,124 @@ async fn the_priority_annotation_is_for_admins_only() {
     );
     admit(&["team-a"], Operation::Create, &plain, None).unwrap();
 }
+
+/// A PreExecution call the plugin host could not run now (here: still
+/// running at its wall-clock bound, the host's last resort) answers 429
+/// with Retry-After, as kube-apiserver answers when overloaded; the same
+/// plugin failing by its own fault (its CPU budget) answers 500.
+#[tokio::test]
+async fn an_overloaded_plugin_host_answers_429_with_retry_after() {
+    use trainhub::plugins::Limits;
+    let plugin = |limits: Limits| {
+        host()
+            .load(
+                "misbehaving.wasm",
+                &crate::common::wasm("trainhub_test_plugin_misbehaving"),
+                &json!({ "mode": "loop", "phases": ["validate"] }),
+                limits,
+            )
+            .expect("the misbehaving plugin loads")
+    };
+    let mut runtime = torch_runtime();
+    runtime["metadata"]["labels"]["trainer.kubeflow.org/framework"] = json!("misbehaving");
+    let trainjob = job(
+        "deferred",
+        json!({"runtimeRef": {"name": "torch-distributed"}}),
+    );
+    for (limits, code) in [
+        (
+            Limits {
+                cpu: Duration::from_secs(60),
+                wall: Duration::from_millis(200),
+                ..Limits::default()
+            },
+            429,
+        ),
+        (
+            Limits {
+                cpu: Duration::from_millis(200),
+                ..Limits::default()
+            },
+            500,
+        ),
+    ] {
+        let snapshot = Snapshot::new(vec![
+            plugin(limits) as Arc<dyn trainhub::plugins::pipeline::PhasePlugin>
+        ]);
+        let hub = Hub::with_plugins(Arc::new(FixedPlugins(Arc::new(snapshot))));
+        hub.apply(&runtime).await;
+        let e = hub.create(&trainjob).unwrap_err();
+        assert_eq!(e.code, code, "{}", e.message);
+        assert!(e.message.contains("misbehaving"), "{}", e.message);
+        if code == 429 {
+            assert_eq!(e.reason, "TooManyRequests");
+            assert_eq!(e.retry_after_seconds, Some(1));
+            assert!(e.message.contains("deferred"), "{}", e.message);
+        } else {
+            assert!(e.message.contains("CPU budget"), "{}", e.message);
+            assert_eq!(e.retry_after_seconds, None);
+        }
+    }
+}
+
+/// A TrainJob's create keeps, in the same transaction, the runtime and the
+/// plugins (names and digests) it was admitted with; a dry run or an
+/// update keeps nothing. A snapshot naming a plugin no longer loaded is
+/// refused with its name and digest.
+#[tokio::test]
+async fn a_create_keeps_the_runtime_and_plugins_it_was_admitted_with() {
+    use trainhub_apiserver::store::Op;
+    let host = host();
+    let builtins = trainhub::builtin::load(&host).expect("built-ins load");
+    let registry = Arc::new(Registry::new(host, builtins, None));
+    let hub = Hub::with_plugins(registry.clone());
+    hub.apply(&torch_runtime()).await;
+    let mut example = load(&upstream_dir().join("01-multi-node.yaml")).remove(0);
+    example["metadata"]["uid"] = json!("3b1f0c9e-0000-4000-8000-000000000001");
+    let (_, outcome) = hub
+        .admit_with(Operation::Create, None, &example, None)
+        .unwrap();
+    let [Op::Put { key, value }] = outcome.also.as_slice() else {
+        panic!("expected one snapshot write, got {:?}", outcome.also);
+    };
+    assert_eq!(key.resource, trainhub::admission::RUNTIME_SNAPSHOTS);
+    assert_eq!(key.name, "3b1f0c9e-0000-4000-8000-000000000001");
+    assert_eq!(value["runtime"]["metadata"]["name"], "torch-distributed");
+    let plugins: Vec<(String, String)> = value["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["digest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        plugins
+            .iter()
+            .any(|(n, d)| n == "torch" && d.starts_with("sha256:")),
+        "{plugins:?}"
+    );
+    let ids: Vec<trainhub::plugins::PluginId> = plugins
+        .iter()
+        .map(|(name, digest)| trainhub::plugins::PluginId {
+            name: name.clone(),
+            digest: digest.clone(),
+        })
+        .collect();
+    assert_eq!(registry.pinned(&ids).unwrap().plugins().len(), ids.len());
+    let gone = trainhub::plugins::PluginId {
+        name: "torch".into(),
+        digest: format!("sha256:{}", "0".repeat(64)),
+    };
+    let e = registry.pinned(&[gone]).err().unwrap();
+    assert!(e.contains("torch") && e.contains("no longer loaded"), "{e}");
+
+    let stored = hub.apply(&example).await;
+    let (_, outcome) = hub
+        .admit_with(Operation::Update, None, &stored, Some(&stored))
+        .unwrap();
+    assert!(outcome.also.is_empty(), "{:?}", outcome.also);
+}

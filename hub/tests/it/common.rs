@@ -16,6 +16,7 @@ pub fn host() -> Arc<Host> {
         Arc::new(
             Host::new(&HostConfig {
                 cache_dir: Some(cache),
+                ..HostConfig::default()
             })
             .expect("plugin host"),
         )

@@ -43,11 +43,11 @@ fn assert_names_plugin(err: &PluginError) {
 }
 
 #[test]
-fn looping_plugin_fails_within_its_deadline() {
+fn looping_plugin_fails_at_its_cpu_budget() {
     let plugin = misbehaving(
         "loop",
         Limits {
-            deadline: Duration::from_millis(200),
+            cpu: Duration::from_millis(200),
             ..Limits::default()
         },
     );
@@ -56,13 +56,18 @@ fn looping_plugin_fails_within_its_deadline() {
         .validate(&torch_job_json(), &torch_runtime_json())
         .expect_err("a loop cannot succeed");
     let elapsed = started.elapsed();
+    match &err {
+        PluginError::CpuExhausted { budget, used, .. } => {
+            assert_eq!(*budget, Duration::from_millis(200));
+            assert!(*used >= *budget, "stopped after {used:?} of CPU");
+        }
+        other => panic!("expected the CPU budget exhausted, got: {other}"),
+    }
+    assert!(!err.is_transient(), "a runaway plugin is its own fault");
+    assert!(err.to_string().contains("CPU budget"), "{err}");
     assert!(
-        matches!(err, PluginError::Timeout { .. }),
-        "expected a timeout, got: {err}"
-    );
-    assert!(
-        elapsed < Duration::from_secs(2),
-        "stopped after {elapsed:?}, deadline 200ms"
+        elapsed < Duration::from_secs(5),
+        "stopped after {elapsed:?}, CPU budget 200ms"
     );
     assert_names_plugin(&err);
     host_still_serves();
@@ -73,7 +78,7 @@ fn looping_plugin_does_not_block_other_calls() {
     let plugin = misbehaving(
         "loop",
         Limits {
-            deadline: Duration::from_secs(3),
+            cpu: Duration::from_secs(3),
             ..Limits::default()
         },
     );
@@ -85,8 +90,161 @@ fn looping_plugin_does_not_block_other_calls() {
         host_still_serves();
     }
     assert!(!looping.is_finished() || started.elapsed() >= Duration::from_secs(3));
-    let err = looping.join().expect("thread").expect_err("loop times out");
-    assert!(matches!(err, PluginError::Timeout { .. }), "{err}");
+    let err = looping
+        .join()
+        .expect("thread")
+        .expect_err("loop is stopped");
+    assert!(matches!(err, PluginError::CpuExhausted { .. }), "{err}");
+}
+
+/// Busy threads on every core (several each) for as long as it lives.
+struct CpuHog {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuHog {
+    fn start(per_core: usize) -> CpuHog {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..cores * per_core)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        n = std::hint::black_box(n.wrapping_add(1));
+                    }
+                })
+            })
+            .collect();
+        CpuHog { stop, threads }
+    }
+}
+
+impl Drop for CpuHog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A loaded machine slows calls down but does not use up their budget: a
+/// call whose CPU time fits its budget succeeds even when the hog stretches
+/// its wall-clock time far past that budget (what a wall-clock deadline
+/// failed).
+#[test]
+fn a_busy_machine_does_not_fail_a_plugin() {
+    let busy = |iterations: u64, cpu: Duration| {
+        host()
+            .load(
+                "misbehaving.wasm",
+                &wasm("trainhub_test_plugin_misbehaving"),
+                &serde_json::json!({ "mode": "busy", "iterations": iterations }),
+                Limits {
+                    cpu,
+                    ..Limits::default()
+                },
+            )
+            .expect("the busy plugin loads")
+    };
+    // Calibrate: about 50 ms of work on an idle machine.
+    let mut iterations = 1_000_000u64;
+    let unloaded = loop {
+        let plugin = busy(iterations, Duration::from_secs(10));
+        let started = Instant::now();
+        plugin
+            .validate(&torch_job_json(), &torch_runtime_json())
+            .expect("calibration run");
+        let took = started.elapsed();
+        if took >= Duration::from_millis(50) || iterations >= 1 << 36 {
+            break took;
+        }
+        iterations *= 2;
+    };
+    let budget = unloaded * 4;
+    let plugin = busy(iterations, budget);
+    let hog = CpuHog::start(8);
+    let started = Instant::now();
+    let result = plugin.validate(&torch_job_json(), &torch_runtime_json());
+    let took = started.elapsed();
+    drop(hog);
+    eprintln!(
+        "{iterations} iterations: {unloaded:?} idle, {took:?} under the hog, budget {budget:?}"
+    );
+    let validation = result.unwrap_or_else(|e| panic!("under load, the call must not fail: {e}"));
+    assert!(validation.errors.is_empty(), "{:?}", validation.errors);
+    assert!(
+        took > budget,
+        "the hog did not slow the call past its budget ({took:?} <= {budget:?}): the test proves nothing"
+    );
+}
+
+/// The wall-clock bound is the host's last resort: hitting it is not the
+/// plugin's fault, and the error says the call may be retried.
+#[test]
+fn the_wall_clock_bound_defers_rather_than_fails() {
+    let plugin = misbehaving(
+        "loop",
+        Limits {
+            cpu: Duration::from_secs(60),
+            wall: Duration::from_millis(300),
+            ..Limits::default()
+        },
+    );
+    let started = Instant::now();
+    let err = plugin
+        .validate(&torch_job_json(), &torch_runtime_json())
+        .expect_err("the loop is stopped at the wall-clock bound");
+    assert!(
+        matches!(err, PluginError::Deferred { .. }) && err.is_transient(),
+        "expected a deferred call, got: {err}"
+    );
+    assert!(err.to_string().contains("overloaded"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_names_plugin(&err);
+}
+
+/// Plugin calls never run on the caller's thread: an async runtime's
+/// worker that makes one keeps its other tasks moving.
+#[test]
+fn calls_run_on_plugin_threads_and_spare_async_workers() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let plugin = misbehaving(
+        "loop",
+        Limits {
+            cpu: Duration::from_millis(1500),
+            ..Limits::default()
+        },
+    );
+    runtime.block_on(async move {
+        // The only worker calls the looping plugin ...
+        let call =
+            tokio::spawn(async move { plugin.validate(&torch_job_json(), &torch_runtime_json()) });
+        // ... and a timer task on the same runtime still ticks meanwhile.
+        let ticks = tokio::spawn(async {
+            let mut late = Duration::ZERO;
+            for _ in 0..10 {
+                let before = Instant::now();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                late = late.max(before.elapsed().saturating_sub(Duration::from_millis(50)));
+            }
+            late
+        });
+        let late = ticks.await.expect("the timer task");
+        let result = call.await.expect("the calling task");
+        assert!(matches!(result, Err(PluginError::CpuExhausted { .. })));
+        assert!(
+            late < Duration::from_millis(500),
+            "the runtime stalled {late:?} while a plugin ran"
+        );
+    });
 }
 
 #[test]

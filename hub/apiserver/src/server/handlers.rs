@@ -699,14 +699,31 @@ pub(crate) async fn create_object(
     if ctx.dry_run() {
         return Ok((object, warnings));
     }
-    let value = commit_one(
-        ctx,
-        Op::Create {
+    if outcome.also.is_empty() {
+        let create = Op::Create {
             key: ctx.key(&name),
             value: object,
-        },
-    )
-    .await?;
+        };
+        return Ok((commit_one(ctx, create).await?, warnings));
+    }
+    // With what admission keeps beside the object, in one transaction.
+    crate::limits::check_object(&object, "the object")?;
+    let mut ops = vec![Op::Create {
+        key: ctx.key(&name),
+        value: object,
+    }];
+    ops.extend(outcome.also);
+    let stored = ctx
+        .server
+        .store
+        .commit(ops)
+        .await
+        .map_err(|e| ctx.store_error(e))?;
+    let value = stored
+        .into_iter()
+        .next()
+        .map(|o| o.value.as_ref().clone())
+        .unwrap_or_default();
     Ok((value, warnings))
 }
 

@@ -2,4 +2,6 @@
 
 mod exactly_once;
 mod hubd;
+mod plugins;
+mod runtime;
 mod spokes;

@@ -1,6 +1,9 @@
 //! A plugin that misbehaves on purpose, to test the host's sandbox. Its
 //! `mode` setting picks the fault every phase commits: `loop`, `oom`,
-//! `trap`, `garbage`, or `ok` (behave).
+//! `trap`, `garbage`, `busy` (compute for `iterations` rounds, default
+//! 100 million, then behave), or `ok` (behave). Its `phases` setting (a
+//! list of `validate`, `enforce-ml-policy`, `build`) limits the fault to
+//! those phases; the others behave.
 
 use trainhub_plugin_sdk::prelude::*;
 
@@ -15,8 +18,20 @@ fn mode(ctx: &Ctx) -> String {
         .to_string()
 }
 
-/// Commits the configured fault; returns only in modes `ok` and `garbage`.
-fn misbehave(ctx: &Ctx) {
+/// Whether the fault applies to `phase`.
+fn in_phase(ctx: &Ctx, phase: &str) -> bool {
+    match ctx.settings().get("phases").and_then(Value::as_array) {
+        None => true,
+        Some(phases) => phases.iter().any(|p| p.as_str() == Some(phase)),
+    }
+}
+
+/// Commits the configured fault in `phase`; returns only in modes `ok`,
+/// `busy` and `garbage`, or outside the configured phases.
+fn misbehave(ctx: &Ctx, phase: &str) {
+    if !in_phase(ctx, phase) {
+        return;
+    }
     match mode(ctx).as_str() {
         "loop" => {
             let mut n: u64 = 0;
@@ -31,6 +46,17 @@ fn misbehave(ctx: &Ctx) {
             }
         }
         "trap" => panic!("misbehaving plugin panics on purpose"),
+        "busy" => {
+            let rounds = ctx
+                .settings()
+                .get("iterations")
+                .and_then(Value::as_u64)
+                .unwrap_or(100_000_000);
+            let mut n: u64 = 0;
+            for _ in 0..rounds {
+                n = std::hint::black_box(n.wrapping_add(1));
+            }
+        }
         _ => {}
     }
 }
@@ -46,17 +72,17 @@ impl Plugin for Misbehaving {
 
     fn validate_settings(&self, settings: &Value) -> Vec<FieldError> {
         match settings.get("mode").and_then(Value::as_str) {
-            None | Some("ok" | "loop" | "oom" | "trap" | "garbage") => Vec::new(),
+            None | Some("ok" | "loop" | "oom" | "trap" | "garbage" | "busy") => Vec::new(),
             Some(other) => vec![FieldError::not_supported(
                 "settings.mode",
                 Some(other.to_string()),
-                "supported values: ok, loop, oom, trap, garbage",
+                "supported values: ok, loop, oom, trap, garbage, busy",
             )],
         }
     }
 
     fn validate(&self, ctx: &Ctx, _: &TrainJob, _: &Runtime) -> Validation {
-        misbehave(ctx);
+        misbehave(ctx, "validate");
         Validation::default()
     }
 
@@ -66,7 +92,7 @@ impl Plugin for Misbehaving {
         _: &mut RuntimeInfo,
         _: &TrainJob,
     ) -> Result<(), Failure> {
-        misbehave(ctx);
+        misbehave(ctx, "enforce-ml-policy");
         Ok(())
     }
 
@@ -77,8 +103,8 @@ impl Plugin for Misbehaving {
         _: &TrainJob,
         _: &Target,
     ) -> Result<Vec<Value>, Failure> {
-        misbehave(ctx);
-        if mode(ctx) == "garbage" {
+        misbehave(ctx, "build");
+        if mode(ctx) == "garbage" && in_phase(ctx, "build") {
             return Ok(vec![json!("this is not a Kubernetes object")]);
         }
         Ok(Vec::new())
