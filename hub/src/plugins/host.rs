@@ -21,12 +21,17 @@
 //!
 //! # Threads
 //!
-//! Every call executes on the host's own plugin threads, never on the
-//! caller's thread: an async runtime's worker waiting for a call lets its
-//! other tasks move to another worker (`block_in_place`), so API requests
-//! keep being served while plugins run. At most [`PLUGIN_QUEUE`] calls wait
-//! for a plugin thread; a further call is refused at once as
-//! [`PluginError::Deferred`] (the host is saturated).
+//! No call executes on an async runtime's worker while that worker owes
+//! its other tasks: on a multi-threaded tokio runtime the calling worker
+//! first hands its tasks to another thread (`block_in_place`) and then runs
+//! the call itself, as a blocking thread, so API requests keep being served
+//! while plugins run and no call pays a hop to another thread; a call from
+//! a current-thread runtime (whose only thread must not block) runs on one
+//! of the host's own plugin threads; a call from a plain thread runs there.
+//! At most as many calls as there are plugin threads run at once, wherever
+//! they run; at most [`PLUGIN_QUEUE`] more wait for their turn, and a
+//! further call is refused at once as [`PluginError::Deferred`] (the host
+//! is saturated).
 //!
 //! # Instances
 //!
@@ -72,7 +77,7 @@ use super::{Phase, PluginError, PluginId};
 
 /// How often a running call's CPU time and wall-clock time are checked.
 const TICK: Duration = Duration::from_millis(10);
-/// Calls that may wait for a plugin thread; a further call is deferred.
+/// Calls that may wait for their turn to run; a further call is deferred.
 pub const PLUGIN_QUEUE: usize = 1024;
 /// Bytes of a plugin's stdout/stderr kept per call.
 const STDIO_CAPTURE: usize = 64 * 1024;
@@ -123,7 +128,7 @@ pub struct Limits {
     /// own fault. The slowest built-in call needs well under a millisecond
     /// (docs/benchmarks.md).
     pub cpu: Duration,
-    /// Wall-clock bound of one call, waiting for a plugin thread included:
+    /// Wall-clock bound of one call, waiting for its turn included:
     /// the last resort against an overloaded host. Past it the call is
     /// deferred (retried later), not failed.
     pub wall: Duration,
@@ -448,9 +453,9 @@ impl LoadedPlugin {
     }
 
     /// Calls `export` with `params` on a fresh instance in a fresh store,
-    /// on a plugin thread, under the plugin's CPU budget, wall-clock bound
-    /// and memory cap, and classifies what went wrong. The caller's thread
-    /// waits (see the module docs).
+    /// in its turn, under the plugin's CPU budget, wall-clock bound and
+    /// memory cap, and classifies what went wrong (where it runs: see the
+    /// module docs).
     fn call<P, R>(
         &self,
         phase: Phase,
@@ -593,7 +598,7 @@ impl LoadedPlugin {
     }
 }
 
-/// One call, as a plugin thread executes it.
+/// One call, as the thread that runs it executes it.
 struct Call {
     id: PluginId,
     phase: Phase,
@@ -621,7 +626,7 @@ impl Call {
         let waited = self.submitted.elapsed();
         if waited >= self.limits.wall {
             return Err(self.deferred(format!(
-                "waited {waited:?} for a plugin thread, past the wall-clock bound of {:?}: \
+                "waited {waited:?} for its turn, past the wall-clock bound of {:?}: \
                  the host is overloaded",
                 self.limits.wall
             )));
@@ -905,12 +910,32 @@ impl Drop for Slot {
     }
 }
 
-/// The plugin threads: calls wait in a bounded queue and each runs on one
-/// of a fixed set of threads.
+/// Where calls run, and how many at once: a fixed set of plugin threads
+/// (for callers that must not block), and a gate that lets at most that
+/// many calls run at once, wherever they run, with at most `bound` waiting.
 struct Threads {
     queue: Mutex<Queue>,
     ready: Condvar,
     bound: usize,
+    gate: Mutex<Gate>,
+    turn: Condvar,
+}
+
+/// Calls running, calls waiting for their turn.
+struct Gate {
+    running: usize,
+    waiting: usize,
+    limit: usize,
+}
+
+/// A call's turn to run, given back on drop.
+struct Turn<'a>(&'a Threads);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.gate().running -= 1;
+        self.0.turn.notify_one();
+    }
 }
 
 struct Queue {
@@ -927,6 +952,12 @@ impl Threads {
             }),
             ready: Condvar::new(),
             bound,
+            gate: Mutex::new(Gate {
+                running: 0,
+                waiting: 0,
+                limit: count.max(1),
+            }),
+            turn: Condvar::new(),
         });
         for i in 0..count.max(1) {
             let me = threads.clone();
@@ -943,6 +974,55 @@ impl Threads {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn gate(&self) -> std::sync::MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for a call's turn to run; `Err` when `bound` calls already
+    /// wait (the host is saturated).
+    fn take_turn(&self) -> Result<Turn<'_>, String> {
+        let mut gate = self.gate();
+        if gate.running >= gate.limit {
+            if gate.waiting >= self.bound {
+                return Err(format!(
+                    "{} plugin calls run and {} wait for their turn: the host is saturated",
+                    gate.running, gate.waiting
+                ));
+            }
+            gate.waiting += 1;
+            while gate.running >= gate.limit {
+                gate = self.turn.wait(gate).unwrap_or_else(PoisonError::into_inner);
+            }
+            gate.waiting -= 1;
+        }
+        gate.running += 1;
+        Ok(Turn(self))
+    }
+
+    /// Runs `work` on the caller's thread in its turn. A panic in the host's
+    /// own code ends that call, not the caller.
+    fn run_here<R>(&self, work: impl FnOnce() -> R) -> Result<R, String> {
+        let _turn = self.take_turn()?;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+            .map_err(|_| "the plugin call panicked in the host".to_string())
+    }
+
+    /// Runs `work` where the caller's thread allows (see the module docs)
+    /// and waits for its result; `Err` says why it could not run.
+    fn run<R: Send + 'static>(
+        self: &Arc<Self>,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, String> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::CurrentThread => {
+                self.run_on_thread(work)
+            }
+            Ok(_) => tokio::task::block_in_place(|| self.run_here(work)),
+            Err(_) => self.run_here(work),
+        }
     }
 
     fn work(&self) {
@@ -974,10 +1054,11 @@ impl Threads {
         self.ready.notify_all();
     }
 
-    /// Runs `work` on a plugin thread and waits for its result; `Err` says
-    /// why it could not run (the queue is full, the host is closing).
-    fn run<R: Send + 'static>(
-        &self,
+    /// Runs `work` on a plugin thread, in its turn, and waits for its
+    /// result; `Err` says why it could not run (the queue is full, the host
+    /// is closing).
+    fn run_on_thread<R: Send + 'static>(
+        self: &Arc<Self>,
         work: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, String> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -992,24 +1073,14 @@ impl Threads {
                     queue.jobs.len()
                 ));
             }
+            let me = Arc::clone(self);
             queue.jobs.push_back(Box::new(move || {
-                let _ = tx.send(work());
+                let _ = tx.send(me.run_here(work));
             }));
         }
         self.ready.notify_one();
-        wait_blocking(|| rx.recv())
-            .map_err(|_| "the plugin thread ended the call without an answer".to_string())
-    }
-}
-
-/// Runs `f`, which blocks; on a multi-threaded tokio runtime's worker, the
-/// worker's other tasks move to another thread meanwhile.
-fn wait_blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
+        rx.recv()
+            .map_err(|_| "the plugin thread ended the call without an answer".to_string())?
     }
 }
 
