@@ -217,15 +217,25 @@ pub async fn run(
                     let sandbox = sandbox.clone();
                     tokio::spawn(async move {
                         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                        let backend = match trainhub_spoke::backend::process::ProcessBackend::new(
-                            trainhub_spoke::backend::process::ProcessConfig {
-                                work_dir,
-                                capacity,
-                                path_env: None,
-                                sandbox,
-                            },
-                            tx,
-                        ) {
+                        // Starting kills what a previous run left and waits
+                        // (up to seconds) for it to be gone: not on a worker
+                        // that owes other tasks.
+                        let start = || {
+                            trainhub_spoke::backend::process::ProcessBackend::new(
+                                trainhub_spoke::backend::process::ProcessConfig {
+                                    work_dir,
+                                    capacity,
+                                    path_env: None,
+                                    sandbox,
+                                },
+                                tx,
+                            )
+                        };
+                        let started = match tokio::runtime::Handle::current().runtime_flavor() {
+                            tokio::runtime::RuntimeFlavor::CurrentThread => start(),
+                            _ => tokio::task::block_in_place(start),
+                        };
+                        let backend = match started {
                             Ok(b) => b,
                             Err(e) => {
                                 tracing::error!(spoke = %name, error = %e, "starting a local spoke");
