@@ -281,6 +281,33 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The `trainspoke` binary beside the `trainhub` one under test.
+pub fn trainspoke_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_trainhub")).with_file_name("trainspoke");
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test --workspace` builds it (or `cargo build -p trainhub-spoke`)",
+        path.display()
+    );
+    path
+}
+
+/// [`wait_for`], failing with the tail of the hub's log.
+pub async fn eventually<T>(
+    what: &str,
+    hub: &DevHub,
+    timeout: Duration,
+    check: impl FnMut() -> Option<T>,
+) -> T {
+    wait_for(
+        what,
+        timeout,
+        || format!("hub log:\n{}", tail(&hub.log(), 60)),
+        check,
+    )
+    .await
+}
+
 /// Polls `check` until it gives a value; past `timeout`, fails with `log()`.
 pub async fn wait_for<T>(
     what: &str,

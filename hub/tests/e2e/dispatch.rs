@@ -15,7 +15,7 @@ use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::Backend;
 use trainhub_spoke::backend::sim::SimBackend;
 
-use crate::common::{DevHub, free_port, tail, wait_for};
+use crate::common::{DevHub, eventually, free_port};
 
 /// A spoke in this process: its backend outlives its agent.
 struct TestSpoke {
@@ -93,21 +93,6 @@ impl TestSpoke {
             .map(|r| format!("{}.{}", r.key.run_id, r.key.generation))
             .collect()
     }
-}
-
-async fn eventually<T>(
-    what: &str,
-    hub: &DevHub,
-    timeout: Duration,
-    check: impl FnMut() -> Option<T>,
-) -> T {
-    wait_for(
-        what,
-        timeout,
-        || format!("hub log:\n{}", tail(&hub.log(), 60)),
-        check,
-    )
-    .await
 }
 
 fn trainjob_yaml(name: &str, selector: Option<&str>) -> String {

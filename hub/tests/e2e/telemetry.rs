@@ -21,7 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 use opentelemetry_proto::tonic::common::v1::any_value;
 use serde_json::Value;
 
-use crate::common::{DevHub, free_port, tail, wait_for};
+use crate::common::{DevHub, free_port, tail, trainspoke_binary, wait_for};
 
 /// One span as received, with its service's resource.
 #[derive(Debug, Clone)]
@@ -136,16 +136,6 @@ impl Drop for Spoke {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn trainspoke_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_trainhub")).with_file_name("trainspoke");
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo test --workspace` builds it (or `cargo build -p trainhub-spoke`)",
-        path.display()
-    );
-    path
 }
 
 fn start_spoke(

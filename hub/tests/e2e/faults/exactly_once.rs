@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 
-use crate::common::{DevHub, free_port, tail, wait_for};
+use crate::common::{DevHub, free_port, tail, trainspoke_binary, wait_for};
 
 /// A `trainspoke` process; SIGKILLed when dropped.
 struct Spoke {
@@ -114,16 +114,6 @@ impl Drop for Spoke {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-fn trainspoke_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_trainhub")).with_file_name("trainspoke");
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo build -p trainhub-spoke` builds it",
-        path.display()
-    );
-    path
 }
 
 /// A directory the runs' uids can reach (not under /tmp, which each run

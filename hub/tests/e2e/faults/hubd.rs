@@ -12,7 +12,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use trainhub_apiserver::pki::Ca;
 use trainhub_proto as pb;
 
-use crate::common::{DevHub, free_port, tail, wait_for};
+use crate::common::{DevHub, eventually, free_port};
 
 const FINALIZER: &str = "trainhub.kubeflow.org/run-cleanup";
 
@@ -257,21 +257,6 @@ fn spoke_cell(hub: &DevHub, job: &str) -> String {
         .find(|l| l.split_whitespace().next() == Some(job))
         .map(|l| l.get(at..).unwrap_or_default().trim().to_string())
         .unwrap_or_default()
-}
-
-async fn eventually<T>(
-    what: &str,
-    hub: &DevHub,
-    timeout: Duration,
-    check: impl FnMut() -> Option<T>,
-) -> T {
-    wait_for(
-        what,
-        timeout,
-        || format!("hub log:\n{}", tail(&hub.log(), 60)),
-        check,
-    )
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

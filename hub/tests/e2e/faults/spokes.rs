@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use trainhub_apiserver::pki::CertInfo;
 
-use crate::common::{DevHub, free_port, tail, wait_for};
+use crate::common::{DevHub, free_port, tail, trainspoke_binary, wait_for};
 
 const ADMIN: &str = "admin-token-0123456789abcdef";
 const ALICE: &str = "alice-token-0123456789abcdef";
@@ -332,16 +332,6 @@ impl ExternalSpoke {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-}
-
-fn trainspoke_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_trainhub")).with_file_name("trainspoke");
-    assert!(
-        path.exists(),
-        "{} is missing: `cargo test --workspace` builds it (or `cargo build -p trainhub-spoke`)",
-        path.display()
-    );
-    path
 }
 
 fn start_spoke(pki: &Path, work: &Path, name: &str, grpc: u16) -> ExternalSpoke {
