@@ -95,27 +95,10 @@ pub fn server_config(
     key_pem: &str,
     client_ca_pem: Option<&str>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let provider = crypto_provider();
     let chain = parse_certificates("server certificate", cert_chain_pem)?;
     let key = parse_private_key("server key", key_pem)?;
-    let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?;
-    let builder = match client_ca_pem {
-        Some(ca_pem) => {
-            let mut roots = RootCertStore::empty();
-            for cert in parse_certificates("client CA", ca_pem)? {
-                roots.add(cert)?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
-                .build()?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_single_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    let config = server_builder(client_ca_pem)?.with_single_cert(chain, key)?;
+    Ok(with_alpn(config))
 }
 
 /// As [`server_config`], with the serving certificate from `resolver`
@@ -124,10 +107,21 @@ pub fn server_config_with_resolver(
     resolver: Arc<dyn rustls::server::ResolvesServerCert>,
     client_ca_pem: Option<&str>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    Ok(with_alpn(
+        server_builder(client_ca_pem)?.with_cert_resolver(resolver),
+    ))
+}
+
+/// A server configuration up to its certificate: the protocol versions
+/// and, with `client_ca_pem`, client certificates requested and verified
+/// against it (not required).
+fn server_builder(
+    client_ca_pem: Option<&str>,
+) -> Result<rustls::ConfigBuilder<ServerConfig, rustls::server::WantsServerCert>, TlsError> {
     let provider = crypto_provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
-    let builder = match client_ca_pem {
+    Ok(match client_ca_pem {
         Some(ca_pem) => {
             let mut roots = RootCertStore::empty();
             for cert in parse_certificates("client CA", ca_pem)? {
@@ -139,10 +133,13 @@ pub fn server_config_with_resolver(
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
-    };
-    let mut config = builder.with_cert_resolver(resolver);
+    })
+}
+
+/// ALPN `h2` and `http/1.1`.
+fn with_alpn(mut config: ServerConfig) -> Arc<ServerConfig> {
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Arc::new(config)
 }
 
 /// Timeouts and caps of [`serve_with`]. The defaults suit kubectl, the
