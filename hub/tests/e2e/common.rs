@@ -328,3 +328,27 @@ pub async fn wait_for<T>(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A raw spoke session's next message of the kind `pick` accepts (others
+/// are skipped); fails past 30 s or when the stream ends.
+pub async fn next_of<T>(
+    inbound: &mut tonic::Streaming<trainhub_proto::HubMessage>,
+    what: &str,
+    mut pick: impl FnMut(trainhub_proto::hub_message::Message) -> Option<T>,
+) -> T {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match inbound.message().await {
+                Ok(Some(trainhub_proto::HubMessage { message: Some(m) })) => {
+                    if let Some(found) = pick(m) {
+                        return found;
+                    }
+                }
+                Ok(Some(_)) => {}
+                other => panic!("stream ended while waiting for {what}: {other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {what} within 30s"))
+}

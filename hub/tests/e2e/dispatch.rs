@@ -15,7 +15,7 @@ use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::Backend;
 use trainhub_spoke::backend::sim::SimBackend;
 
-use crate::common::{DevHub, eventually, free_port};
+use crate::common::{DevHub, eventually, free_port, next_of};
 
 /// A spoke in this process: its backend outlives its agent.
 struct TestSpoke {
@@ -457,29 +457,6 @@ async fn connect_raw(
         .connect()
         .await?;
     Ok(pb::spoke_client::SpokeClient::new(channel))
-}
-
-/// A raw session's next message of the kind `pick` accepts.
-async fn next_of<T>(
-    inbound: &mut tonic::Streaming<pb::HubMessage>,
-    what: &str,
-    mut pick: impl FnMut(pb::hub_message::Message) -> Option<T>,
-) -> T {
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            match inbound.message().await {
-                Ok(Some(pb::HubMessage { message: Some(m) })) => {
-                    if let Some(found) = pick(m) {
-                        return found;
-                    }
-                }
-                Ok(Some(_)) => {}
-                other => panic!("stream ended while waiting for {what}: {other:?}"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no {what} within 30s"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

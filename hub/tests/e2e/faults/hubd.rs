@@ -12,7 +12,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use trainhub_apiserver::pki::Ca;
 use trainhub_proto as pb;
 
-use crate::common::{DevHub, eventually, free_port};
+use crate::common::{DevHub, eventually, free_port, next_of};
 
 const FINALIZER: &str = "trainhub.kubeflow.org/run-cleanup";
 
@@ -132,24 +132,14 @@ impl RawSpoke {
     async fn next<T>(
         &mut self,
         what: &str,
-        mut pick: impl FnMut(pb::hub_message::Message) -> Option<T>,
+        pick: impl FnMut(pb::hub_message::Message) -> Option<T>,
     ) -> T {
-        let name = self.name.clone();
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                match self.inbound.message().await {
-                    Ok(Some(pb::HubMessage { message: Some(m) })) => {
-                        if let Some(found) = pick(m) {
-                            return found;
-                        }
-                    }
-                    Ok(Some(_)) => {}
-                    other => panic!("{name}: stream ended while waiting for {what}: {other:?}"),
-                }
-            }
-        })
+        next_of(
+            &mut self.inbound,
+            &format!("{what} for {}", self.name),
+            pick,
+        )
         .await
-        .unwrap_or_else(|_| panic!("{name}: no {what} within 30s"))
     }
 
     async fn offer(&mut self, job: &str) -> pb::Offer {

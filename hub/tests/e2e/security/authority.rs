@@ -12,7 +12,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use trainhub_apiserver::pki::Ca;
 use trainhub_proto as pb;
 
-use crate::common::{DevHub, free_port, tail, wait_for};
+use crate::common::{DevHub, free_port, next_of, tail, wait_for};
 
 fn log_of(hub: &DevHub) -> impl Fn() -> String + '_ {
     move || format!("hub log:\n{}", tail(&hub.log(), 80))
@@ -207,23 +207,9 @@ impl RawSpoke {
     async fn next<T>(
         &mut self,
         what: &str,
-        mut pick: impl FnMut(pb::hub_message::Message) -> Option<T>,
+        pick: impl FnMut(pb::hub_message::Message) -> Option<T>,
     ) -> T {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                match self.inbound.message().await {
-                    Ok(Some(pb::HubMessage { message: Some(m) })) => {
-                        if let Some(found) = pick(m) {
-                            return found;
-                        }
-                    }
-                    Ok(Some(_)) => {}
-                    other => panic!("stream ended while waiting for {what}: {other:?}"),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("no {what} within 30s"))
+        next_of(&mut self.inbound, what, pick).await
     }
 
     /// Admits the next offer and waits for its start: the run id.
