@@ -236,6 +236,7 @@ impl ApiError {
                 k.namespace
             )),
             StoreError::Storage(m) => Self::internal(m),
+            e @ StoreError::Fenced(_) => Self::unavailable(e.to_string()),
         }
     }
 

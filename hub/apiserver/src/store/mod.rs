@@ -13,6 +13,7 @@
 //!   history still holds it ([`StoreError::Gone`] otherwise), then follow
 //!   live.
 
+pub mod etcd;
 mod redb;
 
 use std::fmt;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+pub use self::etcd::{EtcdConfig, EtcdStore};
 pub use self::redb::RedbStore;
 
 /// A resourceVersion.
@@ -168,6 +170,24 @@ pub enum StoreError {
     InvalidKey(Key),
     #[error("storage: {0}")]
     Storage(String),
+    /// A write made in the name of a leadership [`Term`] that has ended:
+    /// another replica leads now, and this one must stop acting.
+    #[error("not the leader: the leadership term {0} has ended")]
+    Fenced(Rv),
+}
+
+/// One term of leadership among hub replicas: the leader key in the store
+/// and the revision that created it. Writes made in a term's name (see
+/// [`Store::fenced`]) succeed only while that key still exists with that
+/// create revision, so a deposed leader that has not noticed yet cannot
+/// write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Term {
+    /// The leader key (etcd: the election's key, lease-bound).
+    pub key: String,
+    /// The leader key's create revision; 0 for a store only one process
+    /// writes.
+    pub revision: Rv,
 }
 
 pub type CommitFuture<'a> =
@@ -221,4 +241,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The latest committed resourceVersion.
     fn revision(&self) -> Rv;
+
+    /// This store, its commits fenced by `term`: each commit also checks
+    /// that the term is current and fails with [`StoreError::Fenced`] once
+    /// it is not. Reads are unchanged. A store only one process writes
+    /// (redb) has a single term and returns itself.
+    fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store>;
 }

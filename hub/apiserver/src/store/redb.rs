@@ -22,7 +22,8 @@ use tokio::sync::{broadcast, oneshot};
 use crate::limits::STORE_READABLE_DEPTH;
 
 use super::{
-    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Watch, matches_scope,
+    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Term, Watch,
+    matches_scope,
 };
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -553,6 +554,10 @@ impl Store for RedbStore {
 
     fn revision(&self) -> Rv {
         self.read().rv
+    }
+
+    fn fenced(self: Arc<Self>, _term: Term) -> Arc<dyn Store> {
+        self
     }
 }
 
