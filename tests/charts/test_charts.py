@@ -367,6 +367,10 @@ class ChartTest(unittest.TestCase):
             ("trainspoke", merge(CHARTS_UNDER_TEST["trainspoke"]["required"], {"backend": "slurm"}), "/backend"),
             ("trainspoke", merge(CHARTS_UNDER_TEST["trainspoke"]["required"], {"certManager": {"enabled": True}}), "certManager.spokeName"),
             ("trainhub", {"replicaCount": 2}, "/replicaCount"),
+            ("trainhub", {"replicaCount": 3, "store": {"type": "redb"}}, "/replicaCount"),
+            ("trainhub", {"replicaCount": 3, "store": {"type": "etcd"}}, "/store/etcd/endpoints"),
+            ("trainhub", {"store": {"type": "etcd", "etcd": {"endpoints": ["https://e:2379/x"]}}}, "/store/etcd/endpoints/0"),
+            ("trainhub", {"store": {"type": "postgres"}}, "/store/type"),
             ("trainhub", {"certManager": {"enabled": True, "spokes": ["GPU_East"]}}, "/certManager/spokes/0"),
             ("trainhub", {"tls": {"existingSecret": ""}}, "tls.existingSecret"),
             ("trainhub", {"dispatch": {"mode": "round-robin"}}, "/dispatch/mode"),
@@ -379,6 +383,32 @@ class ChartTest(unittest.TestCase):
                 with self.assertRaises(helm.HelmError) as raised:
                     render(chart, values)
                 self.assertIn(named, str(raised.exception))
+
+    def test_replicas_on_etcd_get_a_budget_spread_and_rolling_updates_and_redb_one_writer(self):
+        def kinds(values):
+            return {o["kind"]: o for _, o in render("trainhub", values)}
+
+        ha = kinds(yaml.safe_load((CHARTS / "trainhub/ci/etcd-ha-values.yaml").read_text()))
+        deployment = ha["Deployment"]["spec"]
+        self.assertEqual(deployment["replicas"], 3)
+        self.assertEqual(deployment["strategy"]["type"], "RollingUpdate")
+        self.assertEqual(ha["PodDisruptionBudget"]["spec"]["maxUnavailable"], 1)
+        spread = deployment["template"]["spec"]["affinity"]["podAntiAffinity"]
+        term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+        self.assertEqual(term["topologyKey"], "kubernetes.io/hostname")
+        self.assertEqual(term["labelSelector"]["matchLabels"], deployment["selector"]["matchLabels"])
+        self.assertNotIn("PersistentVolumeClaim", ha)
+        args = deployment["template"]["spec"]["containers"][0]["args"]
+        self.assertIn("--store=etcd", args)
+        self.assertIn("--etcd-certfile=/etc/trainhub/etcd/tls.crt", args)
+
+        single = kinds({})
+        self.assertEqual(single["Deployment"]["spec"]["strategy"]["type"], "Recreate")
+        self.assertNotIn("PodDisruptionBudget", single)
+        self.assertIn("PersistentVolumeClaim", single)
+        self.assertNotIn("affinity", single["Deployment"]["spec"]["template"]["spec"])
+        one_on_etcd = kinds({"store": {"type": "etcd", "etcd": {"endpoints": ["http://etcd:2379"]}}})
+        self.assertNotIn("PodDisruptionBudget", one_on_etcd)
 
     def test_the_hub_chart_crds_are_the_generated_crds(self):
         generated = sorted(p.name for p in (ROOT / "manifests/crds").glob("*.yaml"))

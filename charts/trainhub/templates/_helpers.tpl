@@ -83,3 +83,18 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/* "true" when the hub keeps its objects in etcd (any replica count). */}}
+{{- define "trainhub.etcd" -}}
+{{- if eq .Values.store.type "etcd" }}true{{ end }}
+{{- end }}
+
+{{/* "true" when several replicas share etcd: one leads, the others follow. */}}
+{{- define "trainhub.replicated" -}}
+{{- if and (eq .Values.store.type "etcd") (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- end }}
+
+{{/* Whether the data directory is a PersistentVolumeClaim (redb only). */}}
+{{- define "trainhub.persistent" -}}
+{{- if and .Values.persistence.enabled (ne .Values.store.type "etcd") }}true{{ end }}
+{{- end }}
