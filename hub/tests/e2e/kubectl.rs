@@ -37,8 +37,12 @@ fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn kubectl_applies_upstream_manifests_and_manages_trainjobs() {
-    let hub = DevHub::start();
+    kubectl_suite(&DevHub::start());
+}
 
+/// Upstream manifests applied unchanged, then TrainJobs listed, described,
+/// patched, watched and deleted with kubectl, against `hub` (any store).
+pub fn kubectl_suite(hub: &DevHub) {
     // Every upstream file, unchanged, with kubectl's default (strict,
     // server-side) validation.
     for file in yaml_files() {

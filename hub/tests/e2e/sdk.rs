@@ -10,6 +10,12 @@ use crate::common::{DevHub, python_with, tail};
 
 #[test]
 fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
+    sdk_suite(&[]);
+}
+
+/// The SDK script (`sdk.py`) against `trainhub dev --spokes 2` with `args`
+/// added (e.g. another store).
+pub fn sdk_suite(args: &[&str]) {
     let python = python_with("kubeflow.trainer", "kubeflow");
     // The SDK's CustomTrainer runs its function with `python`: the spokes
     // run it with the interpreter the SDK is installed for.
@@ -36,7 +42,8 @@ fn kubeflow_sdk_lists_runtimes_and_creates_reads_and_deletes_a_trainjob() {
         "no `python` next to {} or on PATH for the SDK's command",
         bin.display()
     );
-    let hub = DevHub::start_env(&["--spokes", "2"], &[("PATH", path)], |_| {});
+    let dev_args: Vec<&str> = ["--spokes", "2"].iter().chain(args).copied().collect();
+    let hub = DevHub::start_env(&dev_args, &[("PATH", path)], |_| {});
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/e2e/sdk.py");
     let out = Command::new(&python)
         .arg(script)
