@@ -237,6 +237,33 @@ impl Server {
         &self.store
     }
 
+    /// This server's resources, admission and settings over another view of
+    /// its store (a fenced one, see [`Store::fenced`]), for controllers
+    /// whose writes must carry a leadership term. The copy serves no
+    /// requests of its own: its request caps and watch epoch are fresh.
+    pub fn with_store(self: &Arc<Self>, store: Arc<dyn Store>) -> Arc<Server> {
+        Arc::new(Server {
+            store,
+            resources: self.resources.clone(),
+            index: self.index.clone(),
+            keys: self.keys.clone(),
+            admission: self.admission.clone(),
+            authenticator: self.authenticator.clone(),
+            authorizer: self.authorizer.clone(),
+            logs: self.logs.clone(),
+            version: self.version.clone(),
+            bookmark_interval: self.bookmark_interval,
+            garbage_collection: self.garbage_collection,
+            inflight: inflight::InFlight::new(self.inflight.limits()),
+            watch_send_timeout: self.watch_send_timeout,
+            namespace_lifecycle: self.namespace_lifecycle,
+            protected_namespaces: self.protected_namespaces.clone(),
+            watch_epoch: tokio::sync::watch::Sender::new(0),
+            public_routes: self.public_routes.clone(),
+            authenticated_routes: self.authenticated_routes.clone(),
+        })
+    }
+
     pub fn resources(&self) -> &[Arc<ResourceDef>] {
         &self.resources
     }
