@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 use super::StoreError;
 
+mod local;
+pub use self::local::LocalEtcd;
+
 /// Where etcd is and how to reach it.
 #[derive(Debug, Clone, Default)]
 pub struct EtcdConfig {
