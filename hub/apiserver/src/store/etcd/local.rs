@@ -137,11 +137,11 @@ impl LocalEtcd {
 
     /// SIGKILLs member `i` (no effect if it is not running).
     pub fn kill(&mut self, i: usize) {
-        if let Some(member) = self.members.get_mut(i) {
-            if let Some(mut child) = member.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+        if let Some(member) = self.members.get_mut(i)
+            && let Some(mut child) = member.child.take()
+        {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 
@@ -197,15 +197,15 @@ impl LocalEtcd {
                 .members
                 .get_mut(i)
                 .ok_or_else(|| StoreError::Storage(format!("no etcd member {i}")))?;
-            if let Some(child) = member.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    member.child = None;
-                    return Err(StoreError::Storage(format!(
-                        "etcd member {} exited ({status}): {}",
-                        member.name,
-                        log_tail(&member.log)
-                    )));
-                }
+            if let Some(child) = member.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                member.child = None;
+                return Err(StoreError::Storage(format!(
+                    "etcd member {} exited ({status}): {}",
+                    member.name,
+                    log_tail(&member.log)
+                )));
             }
             if healthy(member.client_port) {
                 return Ok(());
