@@ -13,6 +13,7 @@
 //!   history still holds it ([`StoreError::Gone`] otherwise), then follow
 //!   live.
 
+mod cache;
 pub mod etcd;
 mod redb;
 
