@@ -162,12 +162,13 @@ impl Cache {
             s.history.pop_front();
         }
         s.rv = s.rv.max(rv);
-        let rv = s.rv;
         for event in events {
             // No receiver is fine: nobody watches.
             let _ = s.live.send(event);
         }
         drop(s);
+        // What was applied, not what a progress report claimed: a commit
+        // waits for its own changes.
         self.seen.send_if_modified(|seen| {
             let moved = rv > *seen;
             *seen = (*seen).max(rv);
@@ -177,7 +178,6 @@ impl Cache {
 
     /// Moves the cache's revision to `rv` without a change (the source says
     /// nothing happened up to `rv`), so lists and bookmarks carry it.
-    #[allow(dead_code)] // the etcd store's, next
     pub fn advance(&self, rv: Rv) {
         let mut s = self.write();
         s.rv = s.rv.max(rv);
@@ -187,7 +187,6 @@ impl Cache {
     /// is forgotten, so watches from before get [`StoreError::Gone`], and
     /// the live watches are ended (their clients resume, get Gone, and
     /// relist).
-    #[allow(dead_code)] // the etcd store's, next
     pub fn reset(&self, objects: BTreeMap<Key, Stored>, rv: Rv) {
         let mut s = self.write();
         s.objects = objects;
@@ -217,7 +216,6 @@ impl Cache {
     ///
     /// # Errors
     /// [`StoreError::Storage`] when it has not within `timeout`.
-    #[allow(dead_code)] // the etcd store's, next
     pub async fn wait_for(&self, rv: Rv, timeout: Duration) -> Result<(), StoreError> {
         let mut seen = self.seen.subscribe();
         match tokio::time::timeout(timeout, seen.wait_for(|s| *s >= rv)).await {

@@ -22,10 +22,10 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::limits::STORE_READABLE_DEPTH;
-
 use super::cache::{Cache, Change, Stored, decode, set_rv};
-use super::{CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Term, Watch};
+use super::{
+    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Term, Watch, readable,
+};
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
@@ -159,23 +159,6 @@ fn object_rv(value: &Value) -> Rv {
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
-}
-
-/// Refuses a write the store could not read back after a restart: an object
-/// nested deeper than [`STORE_READABLE_DEPTH`]. The API refuses far less
-/// deep objects first; this guards every other writer.
-fn readable(ops: &[Op]) -> Result<(), StoreError> {
-    for op in ops {
-        if let Op::Create { key, value } | Op::Update { key, value, .. } | Op::Put { key, value } =
-            op
-            && crate::limits::depth(value) > STORE_READABLE_DEPTH
-        {
-            return Err(StoreError::Storage(format!(
-                "{key}: the object is nested more than {STORE_READABLE_DEPTH} levels deep, more than the store can read back"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// `{"type": ..., "key": ..., "object": ...}` around the object's JSON,
@@ -495,6 +478,34 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::STORE_READABLE_DEPTH;
+    use crate::store::suite;
+
+    /// A store in its own directory (the store is dropped first).
+    struct Temp {
+        store: RedbStore,
+        _dir: tempfile::TempDir,
+    }
+
+    impl std::ops::Deref for Temp {
+        type Target = RedbStore;
+        fn deref(&self) -> &RedbStore {
+            &self.store
+        }
+    }
+
+    async fn temp() -> Temp {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 1000).expect("open");
+        Temp { store, _dir: dir }
+    }
+
+    #[tokio::test]
+    async fn the_store_suite_passes_on_redb() {
+        suite::run_all(temp).await;
+        let store = temp().await;
+        suite::a_compacted_version_is_gone(&*store, |_| async { store.compact() }).await;
+    }
 
     fn key(name: &str) -> Key {
         Key::new("trainer.kubeflow.org/trainjobs", Some("default"), name)
