@@ -233,7 +233,7 @@ impl Hub {
             .await
             .with_context(|| format!("opening the etcd store at {:?}", etcd.endpoints))?;
         let client = opened.client();
-        let store: Arc<dyn Store> = shared(opened)?;
+        let store: Arc<dyn Store> = opened;
         let election = Election {
             client,
             name: crate::leader::election_name(&etcd.prefix),
@@ -483,14 +483,6 @@ impl Hub {
         }
         Ok(())
     }
-}
-
-/// The etcd store as the hub's store.
-// (Until the etcd store implements `Store` on this branch, its placeholder
-// `open` never returns one.)
-fn shared(opened: Arc<EtcdStore>) -> Result<Arc<dyn Store>> {
-    let _ = opened;
-    anyhow::bail!("the etcd store is not built yet")
 }
 
 fn make_data_dir(config: &Config) -> Result<()> {

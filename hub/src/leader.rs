@@ -176,8 +176,8 @@ pub fn election_name(prefix: &str) -> String {
 /// - A leader publishes `Follower` as soon as no renewal of its lease has
 ///   succeeded for the renew deadline, when a renewal finds the lease gone,
 ///   or when the leader key is gone; it then campaigns again on a new lease.
-/// - On shutdown a leader resigns (best effort), so the next replica does
-///   not wait for the lease to expire.
+/// - On shutdown the replica publishes `Follower` and revokes its lease
+///   (best effort), so the next replica does not wait for it to expire.
 pub fn spawn(
     client: etcd_client::Client,
     name: String,
@@ -195,22 +195,37 @@ pub fn spawn(
                 return;
             }
         };
+        // The lease campaigned on, revoked on shutdown: the leader key goes
+        // with it and the next replica is elected at once.
+        let lease: std::sync::Mutex<Option<i64>> = std::sync::Mutex::new(None);
         loop {
-            let term = tokio::select! {
-                () = &mut shutdown => return,
-                r = one_lease(&client, &name, &value, timings, &tx) => r,
+            let ended = tokio::select! {
+                () = &mut shutdown => None,
+                r = one_lease(&client, &name, &value, timings, &tx, &lease) => Some(r),
             };
-            match term {
-                Ok(()) => {}
-                Err(e) => tracing::warn!(error = %e, "leader election: campaigning again"),
+            let Some(ended) = ended else {
+                break;
+            };
+            if let Err(e) = ended {
+                tracing::warn!(error = %e, "leader election: campaigning again");
             }
             if tx.borrow().is_leader() {
                 tx.send_replace(Role::Follower(None));
             }
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => break,
                 () = tokio::time::sleep(timings.retry_period) => {}
             }
+        }
+        if tx.borrow().is_leader() {
+            crate::metrics::hub().leader.set(0);
+            tracing::info!("stepping down: shutting down");
+        }
+        tx.send_replace(Role::Follower(None));
+        let held = *lease.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = held {
+            let mut leases = client.lease_client();
+            let _ = tokio::time::timeout(timings.retry_period, leases.revoke(id)).await;
         }
     });
     rx
@@ -225,6 +240,7 @@ async fn one_lease(
     value: &[u8],
     timings: ElectionTimings,
     role: &watch::Sender<Role>,
+    held: &std::sync::Mutex<Option<i64>>,
 ) -> Result<(), String> {
     let call = timings.retry_period;
     let mut leases = client.lease_client();
@@ -233,6 +249,7 @@ async fn one_lease(
         .map_err(|_| "granting a lease: timed out".to_string())?
         .map_err(|e| format!("granting a lease: {e}"))?;
     let lease = grant.id();
+    *held.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
     // The lease's last successful renewal (its grant to begin with).
     let (renewed_tx, renewed) = watch::channel(Some(Instant::now()));
     let keeper = tokio::spawn(keep_alive(client.clone(), lease, timings, renewed_tx));
@@ -286,6 +303,7 @@ async fn one_lease(
     }
     .await;
     let _ = tokio::time::timeout(call, leases.revoke(lease)).await;
+    *held.lock().unwrap_or_else(|p| p.into_inner()) = None;
     result
 }
 
