@@ -288,6 +288,17 @@ impl Hub {
                 inner: admission.clone(),
             }))
             .logs(crate::dispatch::leader_log_source(current.subscribe()))
+            .readiness({
+                let leading = current.subscribe();
+                Arc::new(move || {
+                    let role = if leading.borrow().is_some() {
+                        "leader (runs dispatch, the spoke sessions and the controllers)"
+                    } else {
+                        "follower (serves the API; another replica leads)"
+                    };
+                    vec![("role".to_string(), role.to_string())]
+                })
+            })
             .authenticator(Arc::new(Authenticator::new(
                 tokens,
                 config.client_ca.is_some(),
@@ -526,7 +537,7 @@ impl Terms {
                 },
                 () = wait(stop.clone()) => return,
             };
-            let store = self.store.clone().fenced(term.clone());
+            let store = crate::leader::Counted::fence(self.store.clone(), term.clone());
             // Dispatch state comes from the store at the start of each
             // term, as after a restart; only redb's single term may use the
             // dispatch built with the hub.

@@ -19,9 +19,14 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use trainhub_apiserver::store::Term;
+use trainhub_apiserver::store::{
+    CommitFuture, Key, ListFuture, Object, Op, Rv, Store, StoreError, Term, Watch,
+};
 
 /// A replica's address book entry, the value it campaigns with: who it is
 /// and where its API and its spokes' gRPC endpoint are reached.
@@ -408,6 +413,74 @@ async fn lookup(client: &etcd_client::Client, name: &str, timeout: Duration) -> 
         .ok()?
         .ok()?;
     serde_json::from_slice(r.kv()?.value()).ok()
+}
+
+/// A term's fenced store, counting and logging the writes it refuses
+/// because the term ended (`trainhub_fenced_writes_total`): a deposed
+/// leader that acted before it noticed says so.
+pub struct Counted {
+    inner: Arc<dyn Store>,
+    term: Term,
+    logged: AtomicBool,
+}
+
+impl Counted {
+    /// `store` fenced by `term`, counted. A store only one process writes
+    /// (redb: `fenced` returns itself) is returned as it is.
+    pub fn fence(store: Arc<dyn Store>, term: Term) -> Arc<dyn Store> {
+        if term == single_term() {
+            return store.fenced(term);
+        }
+        Arc::new(Counted {
+            inner: store.fenced(term.clone()),
+            term,
+            logged: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Store for Counted {
+    fn get(&self, key: &Key) -> Option<Object> {
+        self.inner.get(key)
+    }
+
+    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
+        self.inner.list(resource, namespace)
+    }
+
+    fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        Box::pin(async move {
+            let result = self.inner.commit(ops).await;
+            if let Err(StoreError::Fenced(rev)) = &result {
+                crate::metrics::hub().fenced_writes.inc();
+                if !self.logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(key = %self.term.key, revision = rev, "a write of an ended leadership term was refused (StoreError::Fenced): another replica leads");
+                }
+            }
+            result
+        })
+    }
+
+    fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<Rv>,
+    ) -> Result<Watch, StoreError> {
+        self.inner.watch(resource, namespace, since)
+    }
+
+    fn revision(&self) -> Rv {
+        self.inner.revision()
+    }
+
+    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
+        self.inner.list_at(resource, namespace, rv)
+    }
+
+    fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {
+        self.inner.clone().fenced(term)
+    }
 }
 
 /// Aborts a task when dropped.

@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::{oneshot, watch};
 use trainhub::leader::{self, ElectionTimings, Replica, Role};
 use trainhub_apiserver::store::etcd::LocalEtcd;
-use trainhub_apiserver::store::{EtcdConfig, Term};
+use trainhub_apiserver::store::{EtcdConfig, Key, Op, Store, StoreError, Term};
 
 fn timings() -> ElectionTimings {
     ElectionTimings {
@@ -137,6 +137,36 @@ async fn exactly_one_replica_leads_and_a_deposed_leaders_term_no_longer_writes()
         "a deposed leader's term must not write"
     );
     assert!(fenced_put(&client, &new_term).await);
+
+    // The store view a term's dispatch and controllers write through
+    // refuses the deposed term's commits, and counts them.
+    let store = trainhub_apiserver::store::EtcdStore::open(
+        &EtcdConfig {
+            endpoints: etcd.endpoints(),
+            prefix: "/it-fenced".into(),
+            ..EtcdConfig::default()
+        },
+        1000,
+    )
+    .await
+    .unwrap();
+    let shared: std::sync::Arc<dyn Store> = store;
+    let before = trainhub::metrics::hub().fenced_writes.get();
+    let deposed = leader::Counted::fence(shared.clone(), term.clone());
+    let put = |name: &str| Op::Put {
+        key: Key::new("configmaps", Some("default"), name),
+        value: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"}}),
+    };
+    let refused = deposed.commit(vec![put("by-the-deposed")]).await;
+    assert!(matches!(refused, Err(StoreError::Fenced(_))), "{refused:?}");
+    assert_eq!(trainhub::metrics::hub().fenced_writes.get(), before + 1);
+    assert!(
+        shared
+            .get(&Key::new("configmaps", Some("default"), "by-the-deposed"))
+            .is_none()
+    );
+    let current = leader::Counted::fence(shared.clone(), new_term.clone());
+    current.commit(vec![put("by-the-leader")]).await.unwrap();
     drop(etcd);
 }
 

@@ -100,7 +100,13 @@ pub struct Server {
     /// extension).
     public_routes: Router,
     authenticated_routes: Router,
+    /// Extra lines of `/readyz?verbose` (e.g. a replica's role).
+    readiness: Option<Readiness>,
 }
+
+/// What `/readyz?verbose` adds, as `name: detail` pairs, checked at each
+/// request (a replica's role: leader or follower).
+pub type Readiness = Arc<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
 /// Builds a [`Server`].
 pub struct Builder {
@@ -202,6 +208,13 @@ impl Builder {
         self
     }
 
+    /// Details `/readyz?verbose` lists after kube-apiserver's `[+]ping ok`
+    /// (every line is a passed check: readiness stays true).
+    pub fn readiness(mut self, readiness: Readiness) -> Self {
+        self.server.readiness = Some(readiness);
+        self
+    }
+
     pub fn build(self) -> Arc<Server> {
         Arc::new(self.server)
     }
@@ -229,6 +242,7 @@ impl Server {
                 watch_epoch: tokio::sync::watch::Sender::new(0),
                 public_routes: Router::new(),
                 authenticated_routes: Router::new(),
+                readiness: None,
             },
         }
     }
@@ -261,6 +275,7 @@ impl Server {
             watch_epoch: tokio::sync::watch::Sender::new(0),
             public_routes: self.public_routes.clone(),
             authenticated_routes: self.authenticated_routes.clone(),
+            readiness: self.readiness.clone(),
         })
     }
 
@@ -312,12 +327,35 @@ impl Server {
         Router::new()
             .route("/healthz", get(ok))
             .route("/livez", get(ok))
-            .route("/readyz", get(ok))
+            .route("/readyz", get(readyz))
             .route("/version", get(discovery::version))
             .merge(self.public_routes.clone().with_state(()))
             .merge(authenticated)
             .with_state(self.clone())
     }
+}
+
+/// `/readyz`: `ok`; with `?verbose`, kube-apiserver's check list, the
+/// embedder's details included.
+async fn readyz(
+    axum::extract::State(server): axum::extract::State<Arc<Server>>,
+    uri: axum::http::Uri,
+) -> String {
+    let verbose = uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "verbose" || p.starts_with("verbose="))
+    });
+    if !verbose {
+        return "ok".into();
+    }
+    let mut text = String::from("[+]ping ok\n");
+    if let Some(readiness) = &server.readiness {
+        for (name, detail) in readiness() {
+            text.push_str(&format!("[+]{name} ok: {detail}\n"));
+        }
+    }
+    text.push_str("readyz check passed\n");
+    text
 }
 
 /// `metadata` of an object, or an empty map.
