@@ -29,6 +29,8 @@ const ELECTION: [&str; 6] = [
 
 /// One `trainhub serve` replica; SIGKILLed when dropped.
 struct Replica {
+    /// SIGSTOPped: it answers nothing until SIGCONT.
+    stopped: bool,
     api: u16,
     grpc: u16,
     dir: PathBuf,
@@ -58,6 +60,14 @@ impl Replica {
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
+    }
+
+    /// A metric's value on this replica's /metrics.
+    fn metric(&self, name: &str) -> Option<f64> {
+        let out = self.kubectl(&["get", "--raw", "/metrics"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     fn kubectl(&self, args: &[&str]) -> Output {
@@ -204,6 +214,7 @@ impl Ha {
             )
             .unwrap();
             ha.replicas.push(Replica {
+                stopped: false,
                 api,
                 grpc,
                 dir: rdir,
@@ -315,7 +326,7 @@ impl Ha {
                     .replicas
                     .iter()
                     .enumerate()
-                    .filter(|(_, r)| r.child.is_some())
+                    .filter(|(_, r)| r.child.is_some() && !r.stopped)
                     .map(|(i, r)| (i, r.leads()))
                     .collect();
                 if roles.iter().any(|(_, r)| r.is_none()) {
@@ -338,7 +349,7 @@ impl Ha {
         self.replicas
             .iter()
             .enumerate()
-            .find(|(i, r)| *i != not && r.child.is_some())
+            .find(|(i, r)| *i != not && r.child.is_some() && !r.stopped)
             .map(|(_, r)| r)
             .expect("another live replica")
     }
@@ -415,6 +426,14 @@ async fn one_replica_leads_a_follower_serves_creates_lists_and_watches_and_spoke
         .unwrap();
 
     let f = &ha.replicas[follower];
+    for (i, role) in [(follower, "role ok: follower"), (leader, "role ok: leader")] {
+        let out = ha.replicas[i].kubectl(&["get", "--raw", "/readyz?verbose"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(role),
+            "replica {i} is ready and says {role:?}: {text}"
+        );
+    }
     let out = f.kubectl_stdin(&["create", "-f", "-"], &trainjob("hello", "echo hello"));
     assert!(
         out.status.success(),
@@ -663,4 +682,164 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     for name in before.keys() {
         assert!(all.get(*name).copied().unwrap_or(false), "{name} Complete");
     }
+}
+
+/// Creates `name` through `r` and fails with the logs if refused.
+fn create(ha: &Ha, r: &Replica, name: &str, script: &str) {
+    let out = r.kubectl_stdin(&["create", "-f", "-"], &trainjob(name, script));
+    assert!(
+        out.status.success(),
+        "creating {name}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ha.logs()
+    );
+}
+
+async fn all_complete(ha: &Ha, via: usize, names: &[String], within: Duration) {
+    wait_for(
+        "the TrainJobs Complete",
+        within,
+        || ha.logs(),
+        || {
+            let jobs = trainjobs(&ha.replicas[via])?;
+            names
+                .iter()
+                .all(|n| jobs.get(n).copied().unwrap_or(false))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+fn assert_placed_once(ha: &Ha, names: &[String]) {
+    for name in names {
+        let runs: Vec<String> = ha
+            .spokes
+            .iter()
+            .flat_map(|s| {
+                s.runs_of(name)
+                    .into_iter()
+                    .map(move |r| format!("{}:{r}", s.name))
+            })
+            .collect();
+        assert_eq!(runs.len(), 1, "{name} ran {runs:?}\n{}", ha.logs());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_lease_is_replaced_steps_down_on_waking_and_places_nothing() {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let old = ha.leader(Duration::from_secs(60)).await;
+    let other = 1 - old;
+    ha.spoke("spoke-a", &[0, 1]);
+    ha.spoke("spoke-b", &[1, 0]);
+    let mut names: Vec<String> = Vec::new();
+    for i in 0..3 {
+        let name = format!("before-{i}");
+        create(&ha, &ha.replicas[other], &name, "echo before");
+        names.push(name);
+    }
+    create(
+        &ha,
+        &ha.replicas[other],
+        "long-c",
+        "sleep 20; echo ha-long-long-c",
+    );
+    names.push("long-c".into());
+    let pids = wait_for(
+        "long-c's processes",
+        Duration::from_secs(60),
+        || ha.logs(),
+        || {
+            let p = processes_with("ha-long-long-c");
+            (!p.is_empty()).then_some(p)
+        },
+    )
+    .await;
+    all_complete(&ha, other, &names[..3], Duration::from_secs(60)).await;
+
+    // Frozen past its lease (3 s): the other replica takes over.
+    ha.replicas[old].signal("-STOP");
+    ha.replicas[old].stopped = true;
+    let frozen_at = Instant::now();
+    let new = ha.leader(Duration::from_secs(20)).await;
+    assert_eq!(new, other);
+    eprintln!("a new leader {:?} after the freeze", frozen_at.elapsed());
+    assert_eq!(
+        processes_with("ha-long-long-c"),
+        pids,
+        "long-c runs on as the same processes\n{}",
+        ha.logs()
+    );
+    for i in 0..3 {
+        let name = format!("during-{i}");
+        create(&ha, &ha.replicas[new], &name, "echo during");
+        names.push(name);
+    }
+    all_complete(&ha, new, &names[4..], Duration::from_secs(60)).await;
+
+    // Woken: it notices, steps down, and its term writes nothing.
+    ha.replicas[old].signal("-CONT");
+    ha.replicas[old].stopped = false;
+    wait_for(
+        "the old leader to step down",
+        Duration::from_secs(10),
+        || ha.logs(),
+        || ha.replicas[old].leads().filter(|l| !*l).map(|_| ()),
+    )
+    .await;
+    assert_eq!(ha.leader(Duration::from_secs(10)).await, new);
+    let log = ha.replicas[old].log();
+    assert!(log.contains("stepped down"), "{}", tail(&log, 30));
+    let fenced = ha.replicas[old]
+        .metric("trainhub_fenced_writes_total")
+        .unwrap_or(0.0);
+    eprintln!("writes of the old term refused after waking: {fenced}");
+    for i in 0..2 {
+        let name = format!("after-{i}");
+        create(&ha, &ha.replicas[old], &name, "echo after");
+        names.push(name);
+    }
+    all_complete(&ha, new, &names, Duration::from_secs(60)).await;
+    assert!(
+        processes_with("ha-long-long-c").is_empty(),
+        "long-c finished (it was running as {pids:?})"
+    );
+    assert_placed_once(&ha, &names);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_etcd_member_killed_the_hub_keeps_serving_creates_and_dispatch() {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let leader = ha.leader(Duration::from_secs(60)).await;
+    ha.spoke("spoke-a", &[0, 1]);
+    let mut names = Vec::new();
+    create(&ha, &ha.replicas[1 - leader], "first", "echo first");
+    names.push("first".to_string());
+    all_complete(&ha, leader, &names, Duration::from_secs(60)).await;
+    ha.etcd.kill(0);
+    let mut refused = Vec::new();
+    for i in 0..6 {
+        let name = format!("degraded-{i}");
+        // Through both replicas: the follower's writes and the leader's.
+        let out = ha.replicas[i % 2]
+            .kubectl_stdin(&["create", "-f", "-"], &trainjob(&name, "echo degraded"));
+        if !out.status.success() {
+            refused.push(String::from_utf8_lossy(&out.stderr).into_owned());
+            create(&ha, &ha.replicas[i % 2], &name, "echo degraded");
+        }
+        names.push(name);
+    }
+    eprintln!("creates refused after the member died: {refused:?}");
+    all_complete(&ha, 1 - leader, &names, Duration::from_secs(90)).await;
+    assert_eq!(
+        ha.leader(Duration::from_secs(10)).await,
+        leader,
+        "the leader kept its term"
+    );
+    assert_placed_once(&ha, &names);
 }
