@@ -843,3 +843,45 @@ async fn with_one_etcd_member_killed_the_hub_keeps_serving_creates_and_dispatch(
     );
     assert_placed_once(&ha, &names);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(etcd) = LocalEtcd::start_or_skip(1, &dir.path().join("etcd")).unwrap() else {
+        return;
+    };
+    let endpoints = etcd.endpoints().join(",");
+    let mut args = vec![
+        "--etcd-servers",
+        &endpoints,
+        "--replicas",
+        "2",
+        "--spokes",
+        "1",
+    ];
+    args.extend(ELECTION);
+    let hub = crate::common::DevHub::start_args(&args, |_| {});
+    hub.kubectl_stdin(
+        &["create", "-f", "-"],
+        Some(&trainjob("dev-ha", "echo dev-ha")),
+    );
+    crate::common::eventually("dev-ha Complete", &hub, Duration::from_secs(90), || {
+        let out = hub.kubectl(&["get", "trainjob", "dev-ha", "-o", "json"]);
+        let job: Value = serde_json::from_slice(&out.stdout).ok()?;
+        job["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Complete" && c["status"] == "True")
+            .then_some(())
+    })
+    .await;
+    let log = hub.log();
+    assert!(
+        log.contains("hub replica serving")
+            && log.matches("campaigning for leadership").count() == 2,
+        "two replicas campaigned:\n{}",
+        tail(&log, 40)
+    );
+    drop(hub);
+    drop(etcd);
+}
