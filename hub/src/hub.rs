@@ -200,6 +200,8 @@ pub struct Hub {
     admission: Arc<TrainerAdmission>,
     /// The dispatch of the term this replica leads, None while it follows.
     current: watch::Sender<Option<Arc<Dispatch>>>,
+    /// The token followers present for pod logs, while this replica leads.
+    peer_token: Arc<crate::peer::PeerToken>,
     election: Option<Election>,
     config: Config,
 }
@@ -283,11 +285,19 @@ impl Hub {
             config.dispatch,
         );
         let (current, _) = watch::channel(None);
+        let peer_token = Arc::new(crate::peer::PeerToken::default());
+        let log_source: Arc<dyn trainhub_apiserver::server::LogSource> = match &election {
+            None => crate::dispatch::leader_log_source(current.subscribe()),
+            Some(_) => Arc::new(crate::peer::ReplicaLogs {
+                current: current.subscribe(),
+                store: store.clone(),
+            }),
+        };
         let mut builder = Server::builder(store.clone())
             .admission(Arc::new(spokes::SpokeAdmission {
                 inner: admission.clone(),
             }))
-            .logs(crate::dispatch::leader_log_source(current.subscribe()))
+            .logs(log_source)
             .readiness({
                 let leading = current.subscribe();
                 Arc::new(move || {
@@ -312,7 +322,14 @@ impl Hub {
             ))
             .namespace_lifecycle(true)
             .protected_namespaces(&[SYSTEM_NAMESPACE]);
-        let (public, authenticated) = crate::metrics::routes(current.subscribe(), admin_groups);
+        let (mut public, authenticated) = crate::metrics::routes(current.subscribe(), admin_groups);
+        if election.is_some() {
+            public = public.merge(crate::peer::routes(
+                current.subscribe(),
+                peer_token.clone(),
+                store.clone(),
+            ));
+        }
         builder = builder.routes(public, authenticated);
         for def in api::resources()? {
             builder = builder.resource(def);
@@ -324,6 +341,7 @@ impl Hub {
             dispatch,
             admission,
             current,
+            peer_token,
             election,
             config,
         })
@@ -403,6 +421,7 @@ impl Hub {
             }
             None => None,
         };
+        let mut advertised_api = None;
         let role = match &self.election {
             None => {
                 crate::metrics::hub().leader.set(1);
@@ -411,6 +430,7 @@ impl Hub {
             Some(election) => {
                 let r = &election.replication;
                 let api = r.advertise_api.clone().unwrap_or_else(|| addr.to_string());
+                advertised_api = Some(api.clone());
                 let me = Replica {
                     identity: r
                         .identity
@@ -469,6 +489,7 @@ impl Hub {
             dispatch_config: self.config.dispatch,
             event_ttl: self.config.event_ttl,
             single_writer: self.election.is_none(),
+            peer: advertised_api.map(|api| (self.peer_token.clone(), api, cert.clone())),
         };
         let leadership = tokio::spawn(terms.run(
             self.dispatch.clone(),
@@ -515,6 +536,9 @@ struct Terms {
     event_ttl: Duration,
     /// One process writes the store (redb): one term, for ever.
     single_writer: bool,
+    /// With replicas: the token, API address and serving certificate a
+    /// leader publishes for the followers' pod-log requests.
+    peer: Option<(Arc<crate::peer::PeerToken>, String, String)>,
 }
 
 impl Terms {
@@ -580,12 +604,20 @@ impl Terms {
                 dispatch.clone(),
                 wait(end_rx.clone()),
             )));
+            if let Some((token, api, cert)) = &self.peer
+                && let Err(e) = token.publish(store.as_ref(), api, cert).await
+            {
+                tracing::warn!(error = %e, "followers cannot stream pod logs from this leader");
+            }
             current.send_replace(Some(dispatch.clone()));
             let stopping = tokio::select! {
                 _ = role.wait_for(|r| *r != Role::Leader(term.clone())) => false,
                 () = wait(stop.clone()) => true,
             };
             current.send_replace(None);
+            if let Some((token, _, _)) = &self.peer {
+                token.revoke();
+            }
             dispatch.close_all_sessions(grpc::NOT_LEADING);
             let _ = end_tx.send(true);
             for task in tasks {

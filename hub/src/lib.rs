@@ -19,6 +19,7 @@ pub mod hub;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod peer;
 pub mod plugins;
 pub mod render;
 pub mod spokes;

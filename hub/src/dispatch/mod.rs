@@ -2128,7 +2128,7 @@ impl Dispatch {
     }
 
     /// A log stream of a pod the hub shows, from the spoke that runs it.
-    fn open_logs(
+    pub(crate) fn open_logs(
         &self,
         pod: &Value,
         container: Option<&str>,

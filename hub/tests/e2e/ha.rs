@@ -473,6 +473,35 @@ async fn one_replica_leads_a_follower_serves_creates_lists_and_watches_and_spoke
     .await;
     let _ = watch.kill();
     let _ = watch.wait();
+    // Pod logs asked of the follower come from the leader's spoke session.
+    let f = &ha.replicas[follower];
+    let pods = f.kubectl(&["get", "pods", "-o", "name"]);
+    let pod = String::from_utf8_lossy(&pods.stdout)
+        .lines()
+        .find(|l| l.contains("hello"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("hello's pod listed on the follower\n{}", ha.logs()));
+    let logs = f.kubectl(&["logs", &pod]);
+    assert!(
+        logs.status.success() && String::from_utf8_lossy(&logs.stdout).contains("hello"),
+        "kubectl logs through the follower: {}{}\n{}",
+        String::from_utf8_lossy(&logs.stdout),
+        String::from_utf8_lossy(&logs.stderr),
+        ha.logs()
+    );
+    // The leader's side of that hop takes its term's token, not a user's.
+    let path = format!(
+        "{}?namespace=default&pod={}",
+        trainhub::peer::PEER_LOGS_PATH,
+        pod.trim_start_matches("pod/")
+    );
+    let direct = ha.replicas[leader].kubectl(&["get", "--raw", &path]);
+    assert!(
+        !direct.status.success()
+            && String::from_utf8_lossy(&direct.stderr).contains("Unauthorized"),
+        "the peer path refuses the admin's token: {}",
+        String::from_utf8_lossy(&direct.stderr)
+    );
     let spoke_log = ha.spokes[0].log();
     assert!(
         spoke_log.contains("does not lead: following it to the leader"),
