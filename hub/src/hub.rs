@@ -95,6 +95,7 @@ pub struct StorageArgs {
     /// Where the hub keeps its objects: `redb` (a file in --data-dir, one
     /// process) or `etcd3` (shared by several hub replicas, one of which
     /// leads: runs dispatch, the spoke sessions and the controllers).
+    /// `--store` is an alias.
     #[arg(long, alias = "store", default_value = "redb", value_parser = ["redb", "etcd3", "etcd"])]
     pub storage_backend: String,
     /// etcd client URLs, comma-separated (`https://10.0.0.1:2379,...`).
@@ -103,9 +104,10 @@ pub struct StorageArgs {
     /// PEM: the CA that signs etcd's serving certificates.
     #[arg(long)]
     pub etcd_cafile: Option<PathBuf>,
-    /// PEM: this hub's client certificate for etcd, and its key.
+    /// PEM: this hub's client certificate for etcd (with --etcd-keyfile).
     #[arg(long)]
     pub etcd_certfile: Option<PathBuf>,
+    /// PEM: the key of --etcd-certfile.
     #[arg(long)]
     pub etcd_keyfile: Option<PathBuf>,
     /// Every etcd key the hub writes starts with this; the leader election
@@ -561,7 +563,7 @@ impl Terms {
                 },
                 () = wait(stop.clone()) => return,
             };
-            let store = crate::leader::Counted::fence(self.store.clone(), term.clone());
+            let store = crate::leader::TermStore::fence(self.store.clone(), term.clone());
             // Dispatch state comes from the store at the start of each
             // term, as after a restart; only redb's single term may use the
             // dispatch built with the hub.

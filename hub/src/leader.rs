@@ -266,6 +266,8 @@ async fn one_lease(
         tokio::pin!(campaign);
         let mut look = tokio::time::interval(call);
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Lookups in a row that found no leader while this campaign waited.
+        let mut leaderless = 0u32;
         let leader_key = loop {
             tokio::select! {
                 r = &mut campaign => {
@@ -277,6 +279,13 @@ async fn one_lease(
                         return Err("the lease could not be renewed".to_string());
                     }
                     let leader = lookup(client, name, call).await;
+                    // A campaign waits only while another key leads; one
+                    // that still waits when none does (its call lost on a
+                    // failed etcd member) starts over.
+                    leaderless = if leader.is_none() { leaderless + 1 } else { 0 };
+                    if leaderless >= 3 {
+                        return Err("the campaign made no progress while no replica led".to_string());
+                    }
                     role.send_if_modified(|r| {
                         let new = Role::Follower(leader.clone());
                         (*r != new).then(|| *r = new).is_some()
@@ -415,23 +424,37 @@ async fn lookup(client: &etcd_client::Client, name: &str, timeout: Duration) -> 
     serde_json::from_slice(r.kv()?.value()).ok()
 }
 
-/// A term's fenced store, counting and logging the writes it refuses
-/// because the term ended (`trainhub_fenced_writes_total`): a deposed
-/// leader that acted before it noticed says so.
-pub struct Counted {
+/// How long a term's write that failed for the storage's sake is tried
+/// again.
+pub const TRANSIENT_RETRY: Duration = Duration::from_secs(10);
+
+/// The store a leadership term's dispatch and controllers write through:
+/// fenced by the term; a write it refuses because the term ended is counted
+/// and logged (`trainhub_fenced_writes_total`), so a deposed leader that
+/// acted before it noticed says so; a write that failed for the storage's
+/// sake (an etcd member gone, an election in etcd) is tried again for up
+/// to [`TRANSIENT_RETRY`] while the term lasts.
+///
+/// # Guarantees
+///
+/// Trying again is safe: every write carries its preconditions (must not
+/// exist, expected resourceVersion, the term), so one that did land the
+/// first time fails the second with `AlreadyExists` or `Conflict`, which
+/// the writer handles as it does any concurrent change.
+pub struct TermStore {
     inner: Arc<dyn Store>,
     term: Term,
     logged: AtomicBool,
 }
 
-impl Counted {
+impl TermStore {
     /// `store` fenced by `term`, counted. A store only one process writes
     /// (redb: `fenced` returns itself) is returned as it is.
     pub fn fence(store: Arc<dyn Store>, term: Term) -> Arc<dyn Store> {
         if term == single_term() {
             return store.fenced(term);
         }
-        Arc::new(Counted {
+        Arc::new(TermStore {
             inner: store.fenced(term.clone()),
             term,
             logged: AtomicBool::new(false),
@@ -439,7 +462,7 @@ impl Counted {
     }
 }
 
-impl Store for Counted {
+impl Store for TermStore {
     fn get(&self, key: &Key) -> Option<Object> {
         self.inner.get(key)
     }
@@ -450,7 +473,19 @@ impl Store for Counted {
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
         Box::pin(async move {
-            let result = self.inner.commit(ops).await;
+            let started = Instant::now();
+            let mut wait = Duration::from_millis(100);
+            let result = loop {
+                let result = self.inner.commit(ops.clone()).await;
+                match &result {
+                    Err(StoreError::Storage(e)) if started.elapsed() < TRANSIENT_RETRY => {
+                        tracing::debug!(error = %e, "a term's write failed; trying again");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(1));
+                    }
+                    _ => break result,
+                }
+            };
             if let Err(StoreError::Fenced(rev)) = &result {
                 crate::metrics::hub().fenced_writes.inc();
                 if !self.logged.swap(true, Ordering::Relaxed) {

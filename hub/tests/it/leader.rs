@@ -152,7 +152,7 @@ async fn exactly_one_replica_leads_and_a_deposed_leaders_term_no_longer_writes()
     .unwrap();
     let shared: std::sync::Arc<dyn Store> = store;
     let before = trainhub::metrics::hub().fenced_writes.get();
-    let deposed = leader::Counted::fence(shared.clone(), term.clone());
+    let deposed = leader::TermStore::fence(shared.clone(), term.clone());
     let put = |name: &str| Op::Put {
         key: Key::new("configmaps", Some("default"), name),
         value: serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"}}),
@@ -165,7 +165,7 @@ async fn exactly_one_replica_leads_and_a_deposed_leaders_term_no_longer_writes()
             .get(&Key::new("configmaps", Some("default"), "by-the-deposed"))
             .is_none()
     );
-    let current = leader::Counted::fence(shared.clone(), new_term.clone());
+    let current = leader::TermStore::fence(shared.clone(), new_term.clone());
     current.commit(vec![put("by-the-leader")]).await.unwrap();
     drop(etcd);
 }
