@@ -20,7 +20,7 @@ use super::{Event, EventType, Key, Object, Rv, StoreError, Watch, matches_scope}
 /// Live events a watcher may lag behind before its watch is ended.
 const LIVE_BUFFER: usize = 65_536;
 /// Decoded objects kept for reads.
-const DECODED: u64 = 4096;
+const DECODED: u64 = 1024;
 
 /// An object as the cache holds it.
 #[derive(Debug, Clone)]

@@ -23,10 +23,11 @@
 //!   watch resumes from the last revision seen; a compacted one makes the
 //!   cache relist, and watches from before the relist get
 //!   [`StoreError::Gone`].
-//! - A periodic progress request moves the cache's revision forward while
-//!   nothing changes, so watch bookmarks carry a current resourceVersion.
-//!   (etcd before 3.4.26 may answer one ahead of events it has yet to send;
-//!   a change that arrives so still lands in order in the history.)
+//! - A progress request after each quiet second moves the cache's revision
+//!   forward while nothing changes, so watch bookmarks carry a current
+//!   resourceVersion. (etcd before 3.4.26 may answer one ahead of events it
+//!   has yet to send; a change that arrives so still lands in order in the
+//!   history.)
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -653,6 +654,11 @@ async fn watch_once(
     let (mut requests, mut responses) = stream.split();
     let mut tick = tokio::time::interval(progress.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Progress is asked for only after a tick without events: events move
+    // the cache along anyway, and an idle watch is a caught-up one (etcd
+    // before 3.4.26 answers a progress request with its own revision even
+    // while the watch still has events to send).
+    let mut quiet = false;
     loop {
         tokio::select! {
             message = responses.message() => {
@@ -718,12 +724,16 @@ async fn watch_once(
                 }
                 cache.apply(changes, top);
                 *last = top;
+                quiet = false;
             }
             _ = tick.tick() => {
-                requests
-                    .request_progress()
-                    .await
-                    .map_err(|e| etcd_error("requesting watch progress", e))?;
+                if quiet {
+                    requests
+                        .request_progress()
+                        .await
+                        .map_err(|e| etcd_error("requesting watch progress", e))?;
+                }
+                quiet = true;
             }
         }
     }
