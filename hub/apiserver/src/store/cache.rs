@@ -111,6 +111,16 @@ impl Cache {
     /// Applies changes (in revision order, all newer than what was applied
     /// before) and moves the cache to `rv`, then feeds the live watches.
     pub fn apply(&self, changes: Vec<Change>, rv: Rv) {
+        let mut changes = changes;
+        // Decoded for the live feed before the lock is taken, so readers
+        // wait for the index update only.
+        if self.read().live.receiver_count() > 0 {
+            for change in &mut changes {
+                if change.value.is_none() {
+                    change.value = decode(&change.key, change.rv, &change.bytes).map(|o| o.value);
+                }
+            }
+        }
         let mut s = self.write();
         let mut events = Vec::new();
         let watched = s.live.receiver_count() > 0;
