@@ -20,7 +20,7 @@ use super::{Event, EventType, Key, Object, Rv, StoreError, Watch, matches_scope}
 /// Live events a watcher may lag behind before its watch is ended.
 const LIVE_BUFFER: usize = 65_536;
 /// Decoded objects kept for reads.
-const DECODED: u64 = 4096;
+const DECODED: u64 = 1024;
 
 /// An object as the cache holds it.
 #[derive(Debug, Clone)]
@@ -111,6 +111,16 @@ impl Cache {
     /// Applies changes (in revision order, all newer than what was applied
     /// before) and moves the cache to `rv`, then feeds the live watches.
     pub fn apply(&self, changes: Vec<Change>, rv: Rv) {
+        let mut changes = changes;
+        // Decoded for the live feed before the lock is taken, so readers
+        // wait for the index update only.
+        if self.read().live.receiver_count() > 0 {
+            for change in &mut changes {
+                if change.value.is_none() {
+                    change.value = decode(&change.key, change.rv, &change.bytes).map(|o| o.value);
+                }
+            }
+        }
         let mut s = self.write();
         let mut events = Vec::new();
         let watched = s.live.receiver_count() > 0;

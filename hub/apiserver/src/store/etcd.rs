@@ -23,10 +23,11 @@
 //!   watch resumes from the last revision seen; a compacted one makes the
 //!   cache relist, and watches from before the relist get
 //!   [`StoreError::Gone`].
-//! - A periodic progress request moves the cache's revision forward while
-//!   nothing changes, so watch bookmarks carry a current resourceVersion.
-//!   (etcd before 3.4.26 may answer one ahead of events it has yet to send;
-//!   a change that arrives so still lands in order in the history.)
+//! - A progress request after each quiet second moves the cache's revision
+//!   forward while nothing changes, so watch bookmarks carry a current
+//!   resourceVersion. (etcd before 3.4.26 may answer one ahead of events it
+//!   has yet to send; a change that arrives so still lands in order in the
+//!   history.)
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -159,6 +160,31 @@ impl Drop for EtcdStore {
 
 fn etcd_error(what: &str, e: etcd_client::Error) -> StoreError {
     StoreError::Storage(format!("etcd: {what}: {e}"))
+}
+
+/// Whether the request never left this process: the client picked a
+/// member it cannot connect to (a killed one, until its balancer notices).
+/// Such a request is safe to send again, even a create.
+fn unsent(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("tcp connect error")
+}
+
+/// Tries a request that failed [`unsent`] again, a few times.
+async fn resend<T, F, Fut>(mut request: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match request().await {
+            Err(e) if unsent(&e) && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+            }
+            answer => return answer,
+        }
+    }
 }
 
 fn is_compacted(e: &etcd_client::Error) -> bool {
@@ -328,11 +354,13 @@ impl EtcdStore {
             ));
         }
         let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
-        let mut client = self.client.clone();
-        let response = client
-            .txn(txn)
-            .await
-            .map_err(|e| etcd_error("committing", e))?;
+        let response = resend(|| {
+            let mut client = self.client.clone();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
+        .map_err(|e| etcd_error("committing", e))?;
         let revision = header_rev(response.header());
         let answers = response.op_responses();
         if !response.succeeded() {
@@ -385,7 +413,7 @@ impl EtcdStore {
             Some(ns) => format!("{}{resource}|{ns}|", self.registry),
             None => format!("{}{resource}|", self.registry),
         };
-        let mut client = self.client.clone();
+        let client = self.client.clone();
         let mut items = Vec::new();
         let mut start = scope.clone().into_bytes();
         let end = prefix_end(scope.as_bytes());
@@ -394,19 +422,22 @@ impl EtcdStore {
                 .with_range(end.clone())
                 .with_revision(etcd_rev(rv))
                 .with_limit(LOAD_PAGE);
-            let page = client
-                .get(start.clone(), Some(options))
-                .await
-                .map_err(|e| {
-                    if is_compacted(&e) {
-                        StoreError::Gone {
-                            requested: rv,
-                            oldest: rv + 1,
-                        }
-                    } else {
-                        etcd_error("listing", e)
+            let page = resend(|| {
+                let mut client = client.clone();
+                let (start, options) = (start.clone(), options.clone());
+                async move { client.get(start, Some(options)).await }
+            })
+            .await
+            .map_err(|e| {
+                if is_compacted(&e) {
+                    StoreError::Gone {
+                        requested: rv,
+                        oldest: rv + 1,
                     }
-                })?;
+                } else {
+                    etcd_error("listing", e)
+                }
+            })?;
             for kv in page.kvs() {
                 if let Some(key) = parse_key(&self.registry, kv.key())
                     && let Some(object) = decode(&key, rev(kv.mod_revision()), kv.value())
@@ -511,7 +542,7 @@ async fn load(
     registry: &str,
     at: Option<Rv>,
 ) -> Result<(BTreeMap<Key, Stored>, Rv), StoreError> {
-    let mut client = client.clone();
+    let client = client.clone();
     let end = prefix_end(registry.as_bytes());
     let mut start = registry.as_bytes().to_vec();
     let mut objects = BTreeMap::new();
@@ -523,10 +554,13 @@ async fn load(
         if revision > 0 {
             options = options.with_revision(etcd_rev(revision));
         }
-        let page = client
-            .get(start.clone(), Some(options))
-            .await
-            .map_err(|e| etcd_error("loading", e))?;
+        let page = resend(|| {
+            let mut client = client.clone();
+            let (start, options) = (start.clone(), options.clone());
+            async move { client.get(start, Some(options)).await }
+        })
+        .await
+        .map_err(|e| etcd_error("loading", e))?;
         if revision == 0 {
             revision = header_rev(page.header());
         }
@@ -620,6 +654,11 @@ async fn watch_once(
     let (mut requests, mut responses) = stream.split();
     let mut tick = tokio::time::interval(progress.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Progress is asked for only after a tick without events: events move
+    // the cache along anyway, and an idle watch is a caught-up one (etcd
+    // before 3.4.26 answers a progress request with its own revision even
+    // while the watch still has events to send).
+    let mut quiet = false;
     loop {
         tokio::select! {
             message = responses.message() => {
@@ -685,12 +724,16 @@ async fn watch_once(
                 }
                 cache.apply(changes, top);
                 *last = top;
+                quiet = false;
             }
             _ = tick.tick() => {
-                requests
-                    .request_progress()
-                    .await
-                    .map_err(|e| etcd_error("requesting watch progress", e))?;
+                if quiet {
+                    requests
+                        .request_progress()
+                        .await
+                        .map_err(|e| etcd_error("requesting watch progress", e))?;
+                }
+                quiet = true;
             }
         }
     }
@@ -841,6 +884,32 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let etcd = LocalEtcd::start_or_skip(members, dir.path()).expect("etcd starts")?;
         Some((dir, etcd))
+    }
+
+    /// Commits `ops`, retrying storage errors (etcd electing a new leader
+    /// after a member was killed) for up to 20 s; a precondition refused on
+    /// a retry is the earlier attempt having landed and is taken as done.
+    async fn commit_retrying(store: &dyn Store, ops: Vec<Op>) -> Vec<Object> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut retried = false;
+        loop {
+            match store.commit(ops.clone()).await {
+                Ok(objects) => return objects,
+                Err(StoreError::AlreadyExists(_) | StoreError::NotFound(_)) if retried => {
+                    return Vec::new();
+                }
+                Err(e @ StoreError::Storage(_)) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "still failing after 20 s: {e}"
+                    );
+                    eprintln!("retrying a commit: {e}");
+                    retried = true;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("commit refused: {e}"),
+            }
+        }
     }
 
     async fn open(etcd: &LocalEtcd, prefix: &str) -> Arc<EtcdStore> {
@@ -1095,20 +1164,17 @@ mod tests {
                 etcd.kill(0);
             }
             let name = format!("j{i}");
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-            let rv = loop {
-                match store.commit(vec![create(&name)]).await {
-                    Ok(objects) => break objects[0].rv,
-                    // Answered by etcd before the connection dropped.
-                    Err(StoreError::AlreadyExists(_)) => {
-                        break store.get(&key(&name)).expect("written").rv;
-                    }
-                    Err(e) => {
-                        assert!(
-                            tokio::time::Instant::now() < deadline,
-                            "commit {name} still failing after 20 s: {e}"
-                        );
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+            let rv = match commit_retrying(&*store, vec![create(&name)]).await.first() {
+                Some(object) => object.rv,
+                // Landed on an earlier attempt: read it once the cache has it.
+                None => {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                    loop {
+                        if let Some(object) = store.get(&key(&name)) {
+                            break object.rv;
+                        }
+                        assert!(tokio::time::Instant::now() < deadline, "{name} never read");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
             };
@@ -1117,5 +1183,137 @@ mod tests {
         for (name, rv) in written {
             assert_eq!(next(&mut watch).await, (EventType::Added, name, rv));
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_behind_a_compaction_relists_and_its_old_watches_end() {
+        let Some((_dir, mut etcd)) = cluster(3) else {
+            return;
+        };
+        let config = EtcdConfig {
+            endpoints: vec![etcd.endpoint(0)],
+            prefix: "/relist/".into(),
+            ..EtcdConfig::default()
+        };
+        let options = EtcdOptions {
+            compaction_interval: Duration::ZERO,
+            progress_interval: Duration::from_millis(100),
+            commit_timeout: Duration::from_secs(10),
+        };
+        let behind = EtcdStore::open_with(&config, 1000, options.clone())
+            .await
+            .expect("open on member 0");
+        let other = EtcdStore::open_with(
+            &EtcdConfig {
+                endpoints: vec![etcd.endpoint(1), etcd.endpoint(2)],
+                ..config.clone()
+            },
+            1000,
+            options,
+        )
+        .await
+        .expect("open on members 1 and 2");
+        behind.commit(vec![create("a")]).await.expect("create a");
+        let old = behind.revision();
+        let mut watch = behind.watch(JOBS, None, Some(old)).expect("watch");
+        etcd.kill(0);
+        commit_retrying(&*other, vec![create("b")]).await;
+        commit_retrying(
+            &*other,
+            vec![Op::Delete {
+                key: key("a"),
+                expected: None,
+            }],
+        )
+        .await;
+        other.compact(other.revision()).await.expect("compact");
+        etcd.restart(0).expect("restart member 0");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while behind.get(&key("b")).is_none() || behind.get(&key("a")).is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the replica did not relist within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(behind.revision() >= other.revision());
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Err(e) = watch.live.recv().await {
+                    break e;
+                }
+            }
+        })
+        .await
+        .expect("the old watch ends");
+        assert_eq!(ended, tokio::sync::broadcast::error::RecvError::Closed);
+        assert!(matches!(
+            behind.watch(JOBS, None, Some(old)),
+            Err(StoreError::Gone { .. })
+        ));
+        // It follows again after the relist.
+        let mut watch = behind.watch(JOBS, None, None).expect("watch again");
+        let c = other.commit(vec![create("c")]).await.expect("create c")[0].rv;
+        assert_eq!(next(&mut watch).await, (EventType::Added, "c".into(), c));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_compactor_compacts_what_the_previous_run_saw() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let config = EtcdConfig {
+            endpoints: etcd.endpoints(),
+            prefix: "/compactor/".into(),
+            ..EtcdConfig::default()
+        };
+        let options = EtcdOptions {
+            compaction_interval: Duration::from_millis(200),
+            ..EtcdOptions::default()
+        };
+        // Two replicas share one compaction clock.
+        let a = EtcdStore::open_with(&config, 1000, options.clone())
+            .await
+            .expect("open");
+        let _b = EtcdStore::open_with(&config, 1000, options)
+            .await
+            .expect("open");
+        let first = a.commit(vec![create("a")]).await.expect("create")[0].rv;
+        a.commit(vec![create("b")]).await.expect("create");
+        let mut client = a.client();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            match client
+                .get(
+                    "/compactor/registry/",
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_revision(etcd_rev(first)),
+                    ),
+                )
+                .await
+            {
+                Err(e) if is_compacted(&e) => break,
+                Err(e) => panic!("reading at {first}: {e}"),
+                Ok(_) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "revision {first} not compacted within 15 s"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        let clock = client
+            .get("/compactor/compact_rev_key", None)
+            .await
+            .expect("get");
+        assert!(
+            clock.kvs().first().is_some_and(|kv| kv.version() >= 2),
+            "the compactor keeps its clock in its key"
+        );
+        // The objects themselves are still there.
+        assert_eq!(a.list(JOBS, None).0.len(), 2);
     }
 }
