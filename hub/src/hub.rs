@@ -606,6 +606,23 @@ impl Terms {
                 dispatch.clone(),
                 wait(end_rx.clone()),
             )));
+            // Spokes are taken only once dispatch knows what the store
+            // holds: their hellos' runs are then adopted, not stopped.
+            let ended = tokio::select! {
+                () = dispatch.loaded() => false,
+                _ = role.wait_for(|r| *r != Role::Leader(term.clone())) => true,
+                () = wait(stop.clone()) => true,
+            };
+            if ended {
+                let _ = end_tx.send(true);
+                for task in tasks {
+                    let _ = task.await;
+                }
+                if *stop.borrow() {
+                    return;
+                }
+                continue;
+            }
             if let Some((token, api, cert)) = &self.peer
                 && let Err(e) = token.publish(store.as_ref(), api, cert).await
             {

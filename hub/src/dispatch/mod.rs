@@ -420,6 +420,9 @@ pub struct Dispatch {
     observe: observe::Observer,
     /// The spokes' sessions and certificates, for their `Spoke` objects.
     spokes: Arc<crate::spokes::Registry>,
+    /// Set once [`Dispatch::run`] has loaded the TrainJobs and their
+    /// placements from the store.
+    loaded: tokio::sync::watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -468,6 +471,7 @@ impl Dispatch {
             observe: observe::Observer::default(),
             spokes: crate::spokes::Registry::new(store.clone()),
             store,
+            loaded: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -544,6 +548,16 @@ impl Dispatch {
             events: events.values().map(BTreeSet::len).sum(),
             statuses: lock(&self.statuses).len(),
         }
+    }
+
+    /// Resolves once [`Dispatch::run`] knows every TrainJob and placement
+    /// the store held when it started. Spoke sessions must wait for it: a
+    /// hello listing a run that dispatch does not know yet would be told to
+    /// stop it (not placed on this spoke), which would kill a running job
+    /// that a new leader should adopt.
+    pub async fn loaded(&self) {
+        let mut rx = self.loaded.subscribe();
+        let _ = rx.wait_for(|l| *l).await;
     }
 
     /// Connected spokes and queued TrainJobs, for metrics and tests.
@@ -662,6 +676,7 @@ impl Dispatch {
         for event in std::mem::take(&mut watch.replay) {
             self.on_event(&event);
         }
+        self.loaded.send_replace(true);
         loop {
             match watch.live.recv().await {
                 Ok(event) if event.object.rv > watch.replayed_up_to && watch.matches(&event) => {

@@ -694,9 +694,15 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     // Placed once: one run directory per TrainJob across both spokes.
     let names: Vec<String> = all.keys().cloned().collect();
     assert_placed_once(&ha, &names);
-    // The long jobs ran once (above) and were never fenced.
+    // The long jobs ran once (above); no run was fenced, nor stopped by a
+    // new leader that did not know it yet.
     for s in &ha.spokes {
-        assert!(!s.log().contains("FENCED"), "no run fenced:\n{}", ha.logs());
+        let log = s.log();
+        assert!(
+            !log.contains("FENCED") && !log.contains("stopping run="),
+            "no run fenced or stopped:\n{}",
+            ha.logs()
+        );
     }
     for name in before.keys() {
         assert!(all.get(*name).copied().unwrap_or(false), "{name} Complete");
@@ -841,6 +847,13 @@ async fn a_leader_frozen_past_its_lease_is_replaced_steps_down_on_waking_and_pla
         "long-c finished (it was running as {pids:?})"
     );
     assert_placed_once(&ha, &names);
+    for s in &ha.spokes {
+        assert!(
+            !s.log().contains("stopping run="),
+            "no run stopped:\n{}",
+            ha.logs()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
