@@ -655,11 +655,12 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     )
     .await;
     for (name, pids) in &before {
+        // Every process seen before still runs (the run may have started
+        // more of its own since: the sandbox's, the shell's).
         let now = processes_with(&format!("ha-long-{name}"));
-        assert_eq!(
-            &now,
-            pids,
-            "{name}'s processes after the failover\n{}",
+        assert!(
+            pids.is_subset(&now),
+            "{name}'s processes {pids:?} before the failover, {now:?} after\n{}",
             ha.logs()
         );
     }
@@ -806,10 +807,10 @@ async fn a_leader_frozen_past_its_lease_is_replaced_steps_down_on_waking_and_pla
     let new = ha.leader(Duration::from_secs(20)).await;
     assert_eq!(new, other);
     eprintln!("a new leader {:?} after the freeze", frozen_at.elapsed());
-    assert_eq!(
-        processes_with("ha-long-long-c"),
-        pids,
-        "long-c runs on as the same processes\n{}",
+    let now = processes_with("ha-long-long-c");
+    assert!(
+        pids.is_subset(&now),
+        "long-c runs on as the same processes: {pids:?} before, {now:?} after\n{}",
         ha.logs()
     );
     for i in 0..3 {
