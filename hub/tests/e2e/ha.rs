@@ -170,7 +170,7 @@ impl Ha {
     /// (and `TRAINHUB_REQUIRE_ETCD` unset).
     fn start(n: usize) -> Option<Ha> {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let etcd = LocalEtcd::start_or_skip(3, &dir.path().join("etcd")).unwrap()?;
+        let etcd = local_etcd(3, dir.path())?;
         let pki = PemDir::new(dir.path().join("pki"));
         let ca = pki.load_or_create_ca("trainhub-ha-test-ca").unwrap();
         let issued = ca
@@ -353,6 +353,20 @@ impl Ha {
             .map(|(_, r)| r)
             .expect("another live replica")
     }
+}
+
+/// A local etcd cluster under `dir`; None when etcd is missing (and not
+/// required). A start that lost a free port to another process (the ports
+/// are picked, then bound by etcd) is tried again with others.
+fn local_etcd(members: usize, dir: &std::path::Path) -> Option<LocalEtcd> {
+    let mut last = None;
+    for attempt in 0..3 {
+        match LocalEtcd::start_or_skip(members, &dir.join(format!("etcd-{attempt}"))) {
+            Ok(etcd) => return etcd,
+            Err(e) => last = Some(e),
+        }
+    }
+    panic!("etcd did not start: {last:?}")
 }
 
 fn trainjob(name: &str, script: &str) -> String {
@@ -904,7 +918,7 @@ async fn with_one_etcd_member_killed_the_hub_keeps_serving_creates_and_dispatch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let Some(etcd) = LocalEtcd::start_or_skip(1, &dir.path().join("etcd")).unwrap() else {
+    let Some(etcd) = local_etcd(1, dir.path()) else {
         return;
     };
     let endpoints = etcd.endpoints().join(",");
