@@ -470,4 +470,71 @@ mod store {
             prop_assert_eq!(Key::decode(&key.encode()), Some(key));
         }
     }
+
+    /// As above, on etcd: what one replica committed, another replica
+    /// opened afterwards reads back identically (one etcd for all cases).
+    #[test]
+    fn what_the_etcd_store_accepts_another_replica_reads_back_identically() {
+        use crate::store::etcd::{EtcdConfig, EtcdStore, LocalEtcd};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let Some(etcd) = LocalEtcd::start_or_skip(1, dir.path()).expect("etcd starts") else {
+            return;
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut runner = proptest::test_runner::TestRunner::new(config(16));
+        let case = std::sync::atomic::AtomicUsize::new(0);
+        let result = runner.run(
+            &prop::collection::btree_map(name(), value(), 1..8),
+            |objects| {
+                let config = EtcdConfig {
+                    endpoints: etcd.endpoints(),
+                    prefix: format!(
+                        "/prop{}/",
+                        case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    ),
+                    ..EtcdConfig::default()
+                };
+                runtime.block_on(async {
+                    let writer = EtcdStore::open(&config, 100)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let mut stored = std::collections::BTreeMap::new();
+                    for (name, spec) in &objects {
+                        let key = Key::new("things", Some("ns"), name);
+                        let value = json!({"metadata": {"name": name}, "spec": spec});
+                        if let Ok(mut objects) = writer
+                            .commit(vec![Op::Put {
+                                key: key.clone(),
+                                value,
+                            }])
+                            .await
+                        {
+                            let object = objects.remove(0);
+                            prop_assert_eq!(
+                                writer.get(&key).map(|o| o.value.as_ref().clone()),
+                                Some(object.value.as_ref().clone())
+                            );
+                            stored.insert(key, object.value.as_ref().clone());
+                        }
+                    }
+                    let reader = EtcdStore::open(&config, 100)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    for (key, value) in &stored {
+                        let read = reader.get(key).map(|o| o.value.as_ref().clone());
+                        prop_assert_eq!(read.as_ref(), Some(value));
+                    }
+                    prop_assert_eq!(reader.list("things", Some("ns")).0.len(), stored.len());
+                    Ok(())
+                })
+            },
+        );
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+    }
 }

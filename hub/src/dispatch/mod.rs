@@ -420,6 +420,9 @@ pub struct Dispatch {
     observe: observe::Observer,
     /// The spokes' sessions and certificates, for their `Spoke` objects.
     spokes: Arc<crate::spokes::Registry>,
+    /// Set once [`Dispatch::run`] has loaded the TrainJobs and their
+    /// placements from the store.
+    loaded: tokio::sync::watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -468,6 +471,7 @@ impl Dispatch {
             observe: observe::Observer::default(),
             spokes: crate::spokes::Registry::new(store.clone()),
             store,
+            loaded: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -544,6 +548,16 @@ impl Dispatch {
             events: events.values().map(BTreeSet::len).sum(),
             statuses: lock(&self.statuses).len(),
         }
+    }
+
+    /// Resolves once [`Dispatch::run`] knows every TrainJob and placement
+    /// the store held when it started. Spoke sessions must wait for it: a
+    /// hello listing a run that dispatch does not know yet would be told to
+    /// stop it (not placed on this spoke), which would kill a running job
+    /// that a new leader should adopt.
+    pub async fn loaded(&self) {
+        let mut rx = self.loaded.subscribe();
+        let _ = rx.wait_for(|l| *l).await;
     }
 
     /// Connected spokes and queued TrainJobs, for metrics and tests.
@@ -662,6 +676,7 @@ impl Dispatch {
         for event in std::mem::take(&mut watch.replay) {
             self.on_event(&event);
         }
+        self.loaded.send_replace(true);
         loop {
             match watch.live.recv().await {
                 Ok(event) if event.object.rv > watch.replayed_up_to && watch.matches(&event) => {
@@ -1525,6 +1540,14 @@ impl Dispatch {
         }
     }
 
+    /// Ends every open session, telling each spoke `reason` (this replica
+    /// stopped leading: the spokes go to the new leader).
+    pub fn close_all_sessions(&self, reason: &str) {
+        for session in lock(&self.sessions).values() {
+            let _ = session.close.send(Some(reason.to_string()));
+        }
+    }
+
     // ------------------------------------------------------------ sessions
 
     /// How long a session may stay silent before it is ended.
@@ -2120,7 +2143,7 @@ impl Dispatch {
     }
 
     /// A log stream of a pod the hub shows, from the spoke that runs it.
-    fn open_logs(
+    pub(crate) fn open_logs(
         &self,
         pod: &Value,
         container: Option<&str>,
@@ -2240,6 +2263,41 @@ impl LogSource for SpokeLogs {
         let result = self.0.open_logs(pod, container, follow, tail_lines);
         Box::pin(async move { result })
     }
+}
+
+/// The pod log source of a hub replica: the spokes' sessions live on the
+/// leader, so a replica serves logs while it leads and refuses with 503
+/// (retry later, or ask the leader) while it follows.
+pub struct LeaderLogs(pub tokio::sync::watch::Receiver<Option<Arc<Dispatch>>>);
+
+impl LogSource for LeaderLogs {
+    fn logs(
+        &self,
+        pod: &Value,
+        container: Option<&str>,
+        follow: bool,
+        tail_lines: Option<i64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>
+    {
+        let current = self.0.borrow().clone();
+        let result = match current {
+            Some(dispatch) => dispatch.open_logs(pod, container, follow, tail_lines),
+            None => Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                "pod logs are streamed by the leading hub replica, where the spokes' sessions are; this replica follows: retry (a load balancer in front of the replicas tries another)",
+            )),
+        };
+        Box::pin(async move { result })
+    }
+}
+
+/// The log source of a replica that serves logs while `current` holds the
+/// dispatch of its term.
+pub fn leader_log_source(
+    current: tokio::sync::watch::Receiver<Option<Arc<Dispatch>>>,
+) -> Arc<dyn LogSource> {
+    Arc::new(LeaderLogs(current))
 }
 
 impl Dispatch {
