@@ -14,7 +14,7 @@ that each Dockerfile builds a binary of the workspace as a non-root user.
     python3 tests/charts/test_charts.py --update   # rewrite manifests/install/
 
 The binaries' flags come from their clap definitions (`#[arg(long ...)]` fields of
-hub/src/bin/trainhub.rs, hub/src/dispatch/mod.rs and spoke/src/cli.rs), plus the spoke flags
+hub/src/bin/trainhub.rs, hub/src/hub.rs, hub/src/dispatch/mod.rs and spoke/src/cli.rs), plus the spoke flags
 announced by other branches (ANNOUNCED_SPOKE_FLAGS) until the source defines them. When
 TRAINHUB_BIN and TRAINSPOKE_BIN name built binaries (the Rust wrapper, hub/tests/e2e/charts.rs,
 sets them), the rendered hub and (process-backend) spoke Deployments are also run as local
@@ -166,17 +166,21 @@ class Flags:
 
     @staticmethod
     def from_sources(paths: list[Path]) -> "Flags":
-        """Fields under `#[arg(long ...)]` in clap-derive structs (no value lists)."""
+        """Fields under `#[arg(long ...)]` in clap-derive structs, with their aliases and the
+        values of a literal `value_parser = [...]` list."""
         flags: dict[str, object] = {}
         for path in paths:
             text = path.read_text()
-            for m in re.finditer(r"#\[arg\(([^\]]*?)\)\]\s*(?:///[^\n]*\n\s*)*(?:pub\s+)?(\w+)\s*:\s*([^,\n]+)", text):
+            for m in re.finditer(r"#\[arg\(((?s:.)*?)\)\]\s*(?:///[^\n]*\n\s*)*(?:pub\s+)?(\w+)\s*:\s*([^,\n]+)", text):
                 attrs, field, ty = m.group(1), m.group(2), m.group(3)
                 if not re.search(r"\blong\b", attrs):
                     continue
                 named = re.search(r'long\s*=\s*"([^"]+)"', attrs)
                 name = named.group(1) if named else field.replace("_", "-")
-                flags[name] = False if ty.strip() == "bool" else None
+                values = re.search(r"value_parser\s*=\s*\[([^\]]*)\]", attrs)
+                accepted = re.findall(r'"([^"]+)"', values.group(1)) if values else None
+                for flag in [name, *re.findall(r'alias\s*=\s*"([^"]+)"', attrs)]:
+                    flags[flag] = False if ty.strip() == "bool" else accepted
         return Flags(flags, "clap definitions in " + ", ".join(str(p.relative_to(ROOT)) for p in paths))
 
     def check(self, args: list[str]) -> list[str]:
@@ -213,7 +217,7 @@ ANNOUNCED_SPOKE_FLAGS: dict[str, object] = {
     "http-address": None,
 }
 
-HUB_SOURCES = [ROOT / "hub/src/bin/trainhub.rs", ROOT / "hub/src/dispatch/mod.rs"]
+HUB_SOURCES = [ROOT / "hub/src/bin/trainhub.rs", ROOT / "hub/src/hub.rs", ROOT / "hub/src/dispatch/mod.rs"]
 SPOKE_SOURCES = [ROOT / "spoke/src/cli.rs"]
 
 
@@ -399,7 +403,7 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(term["labelSelector"]["matchLabels"], deployment["selector"]["matchLabels"])
         self.assertNotIn("PersistentVolumeClaim", ha)
         args = deployment["template"]["spec"]["containers"][0]["args"]
-        self.assertIn("--store=etcd", args)
+        self.assertIn("--storage-backend=etcd3", args)
         self.assertIn("--etcd-certfile=/etc/trainhub/etcd/tls.crt", args)
 
         single = kinds({})
