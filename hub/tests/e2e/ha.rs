@@ -956,3 +956,32 @@ async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader()
     drop(hub);
     drop(etcd);
 }
+
+/// kubectl's suite (upstream manifests applied unchanged, get, describe,
+/// patch, watch, delete) against `trainhub dev` on a 3-member etcd.
+#[test]
+fn kubectl_suite_passes_against_the_etcd_store() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(etcd) = local_etcd(3, dir.path()) else {
+        return;
+    };
+    let endpoints = etcd.endpoints().join(",");
+    let hub =
+        crate::common::DevHub::start_args(&["--spokes", "0", "--etcd-servers", &endpoints], |_| {});
+    crate::kubectl::kubectl_suite(&hub);
+    drop(hub);
+    drop(etcd);
+}
+
+/// The Kubeflow SDK's suite (runtimes, train on two nodes, logs, list,
+/// delete) against `trainhub dev --spokes 2` on a 3-member etcd.
+#[test]
+fn kubeflow_sdk_suite_passes_against_the_etcd_store() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(etcd) = local_etcd(3, dir.path()) else {
+        return;
+    };
+    let endpoints = etcd.endpoints().join(",");
+    crate::sdk::sdk_suite(&["--etcd-servers", &endpoints]);
+    drop(etcd);
+}
