@@ -32,6 +32,8 @@ const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const META_RV: &str = "rv";
 
+/// redb's page cache.
+const REDB_CACHE_BYTES: usize = 32 << 20;
 /// Requests taken into one transaction at most.
 const MAX_BATCH: usize = 4096;
 
@@ -62,7 +64,12 @@ impl RedbStore {
     /// Opens (or creates) the store file at `path`, keeping `history` events
     /// for watch resumption.
     pub fn open(path: &Path, history: usize) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(storage)?;
+        // Reads are served from the watch cache, so redb's page cache (1 GiB
+        // by default) only needs the pages writes touch.
+        let db = redb::Builder::new()
+            .set_cache_size(REDB_CACHE_BYTES)
+            .create(path)
+            .map_err(storage)?;
         let cache = Arc::new(load(&db, history.max(1))?);
         let (writer, requests) = mpsc::channel();
         let writer_cache = cache.clone();
@@ -259,6 +266,37 @@ fn write_loop(db: Database, cache: Arc<Cache>, requests: mpsc::Receiver<Request>
     }
 }
 
+/// An object's state before an op.
+enum Cur {
+    /// Written earlier in the same batch.
+    Staged(Object),
+    /// As the cache holds it.
+    Stored(Stored),
+}
+
+impl Cur {
+    fn rv(&self) -> Rv {
+        match self {
+            Cur::Staged(o) => o.rv,
+            Cur::Stored(s) => s.rv,
+        }
+    }
+
+    fn value(&self, cache: &Cache, key: &Key) -> Result<Arc<Value>, StoreError> {
+        match self {
+            Cur::Staged(o) => Ok(o.value.clone()),
+            Cur::Stored(s) => cache
+                .get(key)
+                .filter(|o| o.rv == s.rv)
+                .or_else(|| decode(key, s.rv, &s.bytes))
+                .map(|o| o.value)
+                .ok_or_else(|| {
+                    StoreError::Storage(format!("{key}: the stored object does not decode"))
+                }),
+        }
+    }
+}
+
 /// Checks and applies one request's ops to the overlay; on any failure the
 /// overlay and `rv` are left as they were.
 fn stage(
@@ -276,29 +314,24 @@ fn stage(
         if !key.is_storable() {
             return Err(StoreError::InvalidKey(key));
         }
-        let current = match local.iter().rev().find(|(k, _)| *k == key) {
-            Some((_, o)) => o.clone(),
+        // The current state: staged in this batch, else the cache's (its
+        // value decoded only if a deletion needs it).
+        let current: Option<Cur> = match local.iter().rev().find(|(k, _)| *k == key) {
+            Some((_, o)) => o.clone().map(Cur::Staged),
             None => match overlay.get(&key) {
-                Some(o) => o.clone(),
-                None => match cache.stored(&key) {
-                    Some(stored) => {
-                        Some(decode(&key, stored.rv, &stored.bytes).ok_or_else(|| {
-                            StoreError::Storage(format!("{key}: the stored object does not decode"))
-                        })?)
-                    }
-                    None => None,
-                },
+                Some(o) => o.clone().map(Cur::Staged),
+                None => cache.stored(&key).map(Cur::Stored),
             },
         };
-        let check = |expected: &Option<Rv>| -> Result<Object, StoreError> {
+        let check = |expected: &Option<Rv>| -> Result<&Cur, StoreError> {
             let current = current
-                .clone()
+                .as_ref()
                 .ok_or_else(|| StoreError::NotFound(key.clone()))?;
             match expected {
-                Some(e) if *e != current.rv => Err(StoreError::Conflict {
+                Some(e) if *e != current.rv() => Err(StoreError::Conflict {
                     key: key.clone(),
                     expected: *e,
-                    current: current.rv,
+                    current: current.rv(),
                 }),
                 _ => Ok(current),
             }
@@ -360,7 +393,7 @@ fn stage(
                     _ => None,
                 };
                 let current = check(&expected)?;
-                let mut value = (*current.value).clone();
+                let mut value = (*current.value(cache, &key)?).clone();
                 set_rv(&mut value, next);
                 (
                     EventType::Deleted,
