@@ -66,6 +66,20 @@ pub struct DevArgs {
     pub run_as_user: trainhub_spoke::backend::process::RunAsUser,
     #[command(flatten)]
     pub api_limits: crate::api_limits::ApiLimitsArgs,
+    /// etcd client URLs, comma-separated: the hub keeps its objects in
+    /// etcd (under `/trainhub`) instead of `store.redb`; try several
+    /// replicas with --replicas.
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_servers: Vec<String>,
+    /// Hub replicas to start in this process (needs --etcd-servers), on
+    /// consecutive ports from --api-port (and from --grpc-port, unless 0);
+    /// one leads, the others follow. The kubeconfig points at the first;
+    /// the local spokes get every replica's gRPC address and follow the
+    /// leader.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    #[command(flatten)]
+    pub election: crate::leader::ElectionArgs,
 }
 
 const ADMIN_USER: &str = "admin";
@@ -164,31 +178,108 @@ pub async fn run(
             &text,
         )?);
     }
-    let config = Config {
-        data_dir: dir.clone(),
-        listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), args.api_port),
-        tls_cert: pki.cert_path("hub"),
-        tls_key: pki.key_path("hub"),
-        client_ca: Some(pki.cert_path("ca")),
-        token_file: Some(dir.join("tokens.csv")),
-        policy_file: Some(dir.join("policy.yaml")).filter(|p| p.exists()),
-        plugins_dir: args.plugins_dir.clone(),
-        grpc_listen: Some(SocketAddr::new(
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            args.grpc_port,
-        )),
-        spoke_ca: Some(pki.cert_path("ca")),
-        dispatch: args.dispatch.config(),
-        event_ttl: args.event_ttl,
-        api_limits: args.api_limits.clone(),
+    if args.replicas == 0 {
+        anyhow::bail!("--replicas must be at least 1");
+    }
+    if args.replicas > 1 && args.etcd_servers.is_empty() {
+        anyhow::bail!(
+            "--replicas {} needs --etcd-servers: replicas share an etcd store (redb is one process's)",
+            args.replicas
+        );
+    }
+    let port = |base: u16, i: usize| -> Result<u16> {
+        if base == 0 {
+            return Ok(0);
+        }
+        u16::try_from(usize::from(base) + i)
+            .map_err(|_| anyhow::anyhow!("port {base} + {i} is past 65535"))
     };
-    let hub = Hub::open(config)?;
+    let mut hubs = Vec::new();
+    for i in 0..args.replicas {
+        let config = Config {
+            // One replica keeps the data directory's layout as it always was.
+            data_dir: if args.replicas == 1 {
+                dir.clone()
+            } else {
+                dir.join(format!("replica-{i}"))
+            },
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port(args.api_port, i)?),
+            tls_cert: pki.cert_path("hub"),
+            tls_key: pki.key_path("hub"),
+            client_ca: Some(pki.cert_path("ca")),
+            token_file: Some(dir.join("tokens.csv")),
+            policy_file: Some(dir.join("policy.yaml")).filter(|p| p.exists()),
+            plugins_dir: args.plugins_dir.clone(),
+            grpc_listen: Some(SocketAddr::new(
+                IpAddr::V4(Ipv4Addr::LOCALHOST),
+                port(args.grpc_port, i)?,
+            )),
+            spoke_ca: Some(pki.cert_path("ca")),
+            dispatch: args.dispatch.config(),
+            event_ttl: args.event_ttl,
+            api_limits: args.api_limits.clone(),
+        };
+        let replication = hub::Replication {
+            storage: if args.etcd_servers.is_empty() {
+                hub::Storage::Redb
+            } else {
+                hub::Storage::Etcd(trainhub_apiserver::store::EtcdConfig {
+                    endpoints: args.etcd_servers.clone(),
+                    prefix: "/trainhub".into(),
+                    ..Default::default()
+                })
+            },
+            election: args.election.timings(),
+            identity: Some(format!("dev-replica-{i}")),
+            advertise_api: None,
+            advertise_grpc: None,
+        };
+        hubs.push(Hub::open_replicated(config, replication).await?);
+    }
+    let mut hubs = hubs.into_iter();
+    let Some(hub) = hubs.next() else {
+        anyhow::bail!("no hub replica");
+    };
     hub.install(hub::default_objects()?).await?;
+    // The other replicas serve first: the spokes get every address.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut grpc_addrs = Vec::new();
+    let mut others = Vec::new();
+    for (i, replica) in hubs.enumerate() {
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let mut stop = stop_rx.clone();
+        others.push(tokio::spawn(async move {
+            let served = replica
+                .serve(
+                    |addrs| {
+                        let _ = ready_tx.send(addrs);
+                    },
+                    async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    },
+                )
+                .await;
+            if let Err(e) = served {
+                tracing::error!(replica = i + 2, error = %e, "a hub replica failed");
+            }
+        }));
+        match ready_rx.await {
+            Ok(addrs) => {
+                tracing::info!(replica = i + 2, api = %addrs.api, "hub replica serving");
+                grpc_addrs.extend(addrs.grpc);
+            }
+            Err(_) => anyhow::bail!("hub replica {} did not start", i + 2),
+        }
+    }
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
     let ca_pem = ca.cert_pem().to_string();
     let mut written = Ok(());
     let server = hub.server.clone();
     let store = hub.store.clone();
-    let logs = hub.dispatch.log_source();
+    let logs = crate::dispatch::leader_log_source(hub.leading());
     let spokes_dir = dir.join("spokes");
     let sandbox = trainhub_spoke::backend::process::SandboxConfig {
         run_as_user: args.run_as_user.0,
@@ -199,6 +290,11 @@ pub async fn run(
         |addrs| {
             let addr = addrs.api;
             if let Some(grpc) = addrs.grpc {
+                let hub_urls = std::iter::once(grpc)
+                    .chain(grpc_addrs)
+                    .map(|a| format!("https://{a}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
                 for (name, issued, files) in spokes {
                     let work_dir = spokes_dir.join(&name);
                     let config = trainhub_spoke::agent::AgentConfig {
@@ -207,7 +303,7 @@ pub async fn run(
                         labels: [("trainhub.kubeflow.org/spoke".to_string(), name.clone())].into(),
                         cert_files: Some(files),
                         ..trainhub_spoke::agent::AgentConfig::new(
-                            format!("https://{grpc}"),
+                            hub_urls.clone(),
                             ca_pem.clone(),
                             issued.cert_pem,
                             issued.key_pem,
@@ -273,6 +369,9 @@ pub async fn run(
         shutdown,
     )
     .await?;
+    for other in others {
+        let _ = other.await;
+    }
     written
 }
 

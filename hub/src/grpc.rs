@@ -51,6 +51,7 @@ use trainhub_proto as pb;
 use trainhub_proto::limits::MAX_MESSAGE_BYTES;
 
 use crate::dispatch::Dispatch;
+use crate::leader::{Role, single};
 
 /// The Subject O every spoke certificate carries.
 pub const SPOKE_GROUP: &str = "trainhub:spokes";
@@ -154,7 +155,10 @@ impl SessionRate {
 }
 
 struct SpokeService {
-    dispatch: Arc<Dispatch>,
+    /// The dispatch of the term this replica leads; None while it follows.
+    current: watch::Receiver<Option<Arc<Dispatch>>>,
+    /// This replica's role: a follower names the leader to the spokes.
+    role: watch::Receiver<Role>,
     /// Set when the server shuts down: the open sessions end, so that the
     /// graceful shutdown does not wait for streams that never finish.
     stopping: watch::Receiver<bool>,
@@ -185,7 +189,11 @@ impl pb::spoke_server::Spoke for SpokeService {
     ) -> Result<Response<HubStream>, Status> {
         let name = spoke_name(&request)?;
         let cert = peer_cert(&request)?;
-        let registry = self.dispatch.spokes().clone();
+        let current = self.current.borrow().clone();
+        let Some(dispatch) = current else {
+            return Err(not_leader(&self.role.borrow()));
+        };
+        let registry = dispatch.spokes().clone();
         if let Some(refusal) = registry.refusal(&name, &cert) {
             tracing::warn!(spoke = %name, serial = %cert.serial, "refused a session: the spoke's certificate is revoked");
             return Err(Status::permission_denied(refusal));
@@ -221,7 +229,7 @@ impl pb::spoke_server::Spoke for SpokeService {
         let Some(pb::spoke_message::Message::Hello(hello)) = hello_message.message else {
             return Err(Status::internal("the hello went missing"));
         };
-        if let Err(rule) = self.dispatch.check_hello(&hello) {
+        if let Err(rule) = dispatch.check_hello(&hello) {
             tracing::warn!(spoke = %name, refused = %rule, "refused a session");
             return Err(Status::failed_precondition(rule));
         }
@@ -229,13 +237,22 @@ impl pb::spoke_server::Spoke for SpokeService {
         let (close_tx, close_rx) = watch::channel(None);
         let backend = hello.backend.clone();
         let (silent_tx, silent_rx) = watch::channel(None);
-        let id = self.dispatch.connect(&name, hello, tx, close_tx);
+        let id = dispatch.connect(&name, hello, tx, close_tx);
         registry.started(&name, id, cert.clone(), &backend);
         // Revoked while this session was being set up: ended at once.
         if let Some(refusal) = registry.refusal(&name, &cert) {
-            self.dispatch.close_session(&name, &refusal);
+            dispatch.close_session(&name, &refusal);
         }
-        let dispatch = self.dispatch.clone();
+        // The term ended while this session was being set up: the sessions
+        // it closed did not include this one.
+        let still_leading = self
+            .current
+            .borrow()
+            .as_ref()
+            .is_some_and(|d| Arc::ptr_eq(d, &dispatch));
+        if !still_leading {
+            dispatch.close_session(&name, NOT_LEADING);
+        }
         let silence = dispatch.spoke_silence();
         let ended = closed(close_rx.clone(), self.stopping.clone());
         tokio::spawn(async move {
@@ -314,6 +331,29 @@ impl pb::spoke_server::Spoke for SpokeService {
     }
 }
 
+/// Why the sessions of a replica that stopped leading end.
+pub const NOT_LEADING: &str = "this hub replica is no longer the leader: reconnect to the leader";
+
+/// The gRPC metadata key in which a follower names the leader's spoke
+/// endpoint (`host:port`) when it refuses a session.
+pub const LEADER_METADATA: &str = "trainhub-leader";
+
+/// UNAVAILABLE, with the leader's spoke endpoint in [`LEADER_METADATA`]
+/// when this follower knows it.
+fn not_leader(role: &Role) -> Status {
+    let leader = role.leader_grpc();
+    let mut status = Status::unavailable(match leader {
+        Some(addr) => format!(
+            "this hub replica is not the leader; the leader's spoke endpoint is {addr} (gRPC metadata {LEADER_METADATA})"
+        ),
+        None => "this hub replica is not the leader and no leader is known yet: retry".into(),
+    });
+    if let Some(value) = leader.and_then(|a| a.parse().ok()) {
+        status.metadata_mut().insert(LEADER_METADATA, value);
+    }
+    status
+}
+
 /// The serial and validity of the spoke's verified client certificate.
 fn peer_cert<T>(request: &Request<T>) -> Result<CertInfo, Status> {
     let certs = request
@@ -371,12 +411,30 @@ pub async fn serve(
     serve_with(listener, tls, GrpcLimits::default(), dispatch, shutdown).await
 }
 
-/// Serves the spokes' gRPC endpoint on `listener` until `shutdown`.
+/// Serves the spokes' gRPC endpoint on `listener` until `shutdown`, for a
+/// hub that always leads (one process writes its store).
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     tls: &GrpcTls,
     limits: GrpcLimits,
     dispatch: Arc<Dispatch>,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> anyhow::Result<()> {
+    let (_current, current) = watch::channel(Some(dispatch));
+    serve_replica(listener, tls, limits, current, single(), shutdown).await
+}
+
+/// Serves the spokes' gRPC endpoint of one hub replica on `listener` until
+/// `shutdown`. Sessions are served while `current` holds the dispatch of
+/// the term this replica leads; a follower refuses them with UNAVAILABLE
+/// and the leader's endpoint from `role` (see [`LEADER_METADATA`]). A term
+/// ends its sessions itself ([`Dispatch::close_all_sessions`]).
+pub async fn serve_replica(
+    listener: tokio::net::TcpListener,
+    tls: &GrpcTls,
+    limits: GrpcLimits,
+    current: watch::Receiver<Option<Arc<Dispatch>>>,
+    role: watch::Receiver<Role>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
@@ -397,7 +455,8 @@ pub async fn serve_with(
         .http2_max_header_list_size(16u32 << 10)
         .add_service(
             pb::spoke_server::SpokeServer::new(SpokeService {
-                dispatch,
+                current,
+                role,
                 stopping,
                 rate: SessionRate::new(limits.sessions_per_minute),
             })

@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use trainhub_apiserver::auth::{Authenticator, Policy, PolicyAuthorizer, TokenFile};
 use trainhub_apiserver::reload::ReloadingCert;
 use trainhub_apiserver::server::Server;
-use trainhub_apiserver::store::{RedbStore, Store};
+use trainhub_apiserver::store::{EtcdConfig, EtcdStore, RedbStore, Store};
 
 use crate::admission::TrainerAdmission;
 use crate::dispatch::{Dispatch, DispatchConfig};
 use crate::grpc::{self, GrpcTls};
+use crate::leader::{ElectionTimings, Replica, Role};
 use crate::plugins::registry::Registry;
 use crate::plugins::{Host, HostConfig};
 use crate::{api, builtin, controller, render, spokes};
@@ -60,6 +62,124 @@ pub struct Config {
     pub api_limits: crate::api_limits::ApiLimitsArgs,
 }
 
+/// Where the store is.
+#[derive(Debug, Clone, Default)]
+pub enum Storage {
+    /// `store.redb` in the data directory: one process, always the leader.
+    #[default]
+    Redb,
+    /// etcd, shared by every replica; one of them leads at a time.
+    Etcd(EtcdConfig),
+}
+
+/// How a replica shares its store and takes part in leadership.
+#[derive(Debug, Clone, Default)]
+pub struct Replication {
+    pub storage: Storage,
+    pub election: ElectionTimings,
+    /// Who this replica is in the election (default: the host name, then
+    /// the API address).
+    pub identity: Option<String>,
+    /// `host:port` at which the other replicas reach this one's API
+    /// (default: the API's listen address).
+    pub advertise_api: Option<String>,
+    /// `host:port` at which spokes reach this replica's gRPC endpoint
+    /// (default: its listen address); followers send spokes here.
+    pub advertise_grpc: Option<String>,
+}
+
+/// The storage flags of `trainhub serve` (kube-apiserver's names), and the
+/// leader election's.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StorageArgs {
+    /// Where the hub keeps its objects: `redb` (a file in --data-dir, one
+    /// process) or `etcd3` (shared by several hub replicas, one of which
+    /// leads: runs dispatch, the spoke sessions and the controllers).
+    #[arg(long, alias = "store", default_value = "redb", value_parser = ["redb", "etcd3", "etcd"])]
+    pub storage_backend: String,
+    /// etcd client URLs, comma-separated (`https://10.0.0.1:2379,...`).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_servers: Vec<String>,
+    /// PEM: the CA that signs etcd's serving certificates.
+    #[arg(long)]
+    pub etcd_cafile: Option<PathBuf>,
+    /// PEM: this hub's client certificate for etcd, and its key.
+    #[arg(long)]
+    pub etcd_certfile: Option<PathBuf>,
+    #[arg(long)]
+    pub etcd_keyfile: Option<PathBuf>,
+    /// Every etcd key the hub writes starts with this; the leader election
+    /// is at `PREFIX-leader`.
+    #[arg(long, default_value = "/trainhub")]
+    pub etcd_prefix: String,
+    /// `host:port` at which the other replicas reach this replica's API
+    /// (default: --listen).
+    #[arg(long)]
+    pub advertise_address: Option<String>,
+    /// `host:port` at which spokes reach this replica's gRPC endpoint
+    /// (default: --grpc-listen); a follower refuses spokes with the
+    /// leader's.
+    #[arg(long)]
+    pub grpc_advertise_address: Option<String>,
+    #[command(flatten)]
+    pub election: crate::leader::ElectionArgs,
+}
+
+impl StorageArgs {
+    /// # Errors
+    ///
+    /// etcd without --etcd-servers.
+    pub fn replication(&self) -> Result<Replication> {
+        let StorageArgs {
+            storage_backend,
+            etcd_servers,
+            etcd_cafile,
+            etcd_certfile,
+            etcd_keyfile,
+            etcd_prefix,
+            advertise_address,
+            grpc_advertise_address,
+            election,
+        } = self;
+        let storage = match storage_backend.as_str() {
+            "redb" => Storage::Redb,
+            _ => {
+                let endpoints: Vec<String> = etcd_servers
+                    .iter()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if endpoints.is_empty() {
+                    anyhow::bail!(
+                        "--storage-backend {storage_backend} needs --etcd-servers (comma-separated client URLs)"
+                    );
+                }
+                Storage::Etcd(EtcdConfig {
+                    endpoints,
+                    ca_file: etcd_cafile.clone(),
+                    cert_file: etcd_certfile.clone(),
+                    key_file: etcd_keyfile.clone(),
+                    prefix: etcd_prefix.clone(),
+                })
+            }
+        };
+        Ok(Replication {
+            storage,
+            election: election.timings(),
+            identity: None,
+            advertise_api: advertise_address.clone(),
+            advertise_grpc: grpc_advertise_address.clone(),
+        })
+    }
+}
+
+/// The election a replica on a shared store campaigns in.
+struct Election {
+    client: etcd_client::Client,
+    name: String,
+    replication: Replication,
+}
+
 /// Where a serving hub listens.
 #[derive(Debug, Clone, Copy)]
 pub struct Addrs {
@@ -72,23 +192,57 @@ pub struct Hub {
     pub store: Arc<dyn Store>,
     pub plugins: Arc<Registry>,
     pub server: Arc<Server>,
+    /// The dispatch of the hub's first term. On redb, the only one. With a
+    /// shared store every term this replica leads builds its own dispatch
+    /// from the store (as after a restart) over the store fenced by that
+    /// term; see [`Hub::leading`].
     pub dispatch: Arc<Dispatch>,
+    admission: Arc<TrainerAdmission>,
+    /// The dispatch of the term this replica leads, None while it follows.
+    current: watch::Sender<Option<Arc<Dispatch>>>,
+    election: Option<Election>,
     config: Config,
 }
 
 impl Hub {
-    /// Opens the store, loads the plugins and builds the API server.
+    /// Opens the embedded store (redb), loads the plugins and builds the
+    /// API server. The hub always leads.
     pub fn open(config: Config) -> Result<Hub> {
-        // The store is inside: created for no one else (0700).
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-            .create(&config.data_dir)
-            .with_context(|| {
-                format!("creating the data directory {}", config.data_dir.display())
-            })?;
+        make_data_dir(&config)?;
         let store: Arc<dyn Store> = Arc::new(
             RedbStore::open(&config.data_dir.join("store.redb"), WATCH_HISTORY)
                 .with_context(|| format!("opening the store in {}", config.data_dir.display()))?,
         );
+        Self::assemble(config, store, None)
+    }
+
+    /// Opens the store `replication` names: redb as [`Hub::open`] does, or
+    /// etcd, where this hub is one replica of several and leads only when
+    /// elected.
+    pub async fn open_replicated(config: Config, replication: Replication) -> Result<Hub> {
+        let etcd = match &replication.storage {
+            Storage::Redb => return Self::open(config),
+            Storage::Etcd(etcd) => etcd.clone(),
+        };
+        replication
+            .election
+            .check()
+            .map_err(|e| anyhow::anyhow!("leader election: {e}"))?;
+        make_data_dir(&config)?;
+        let opened = EtcdStore::open(&etcd, WATCH_HISTORY)
+            .await
+            .with_context(|| format!("opening the etcd store at {:?}", etcd.endpoints))?;
+        let client = opened.client();
+        let store: Arc<dyn Store> = opened;
+        let election = Election {
+            client,
+            name: crate::leader::election_name(&etcd.prefix),
+            replication,
+        };
+        Self::assemble(config, store, Some(election))
+    }
+
+    fn assemble(config: Config, store: Arc<dyn Store>, election: Option<Election>) -> Result<Hub> {
         // Compiled plugins are cached by digest; TRAINHUB_PLUGIN_CACHE_DIR
         // shares one cache between hubs (tests).
         let cache_dir = std::env::var_os("TRAINHUB_PLUGIN_CACHE_DIR")
@@ -128,11 +282,23 @@ impl Hub {
             plugins.clone(),
             config.dispatch,
         );
+        let (current, _) = watch::channel(None);
         let mut builder = Server::builder(store.clone())
             .admission(Arc::new(spokes::SpokeAdmission {
                 inner: admission.clone(),
             }))
-            .logs(dispatch.log_source())
+            .logs(crate::dispatch::leader_log_source(current.subscribe()))
+            .readiness({
+                let leading = current.subscribe();
+                Arc::new(move || {
+                    let role = if leading.borrow().is_some() {
+                        "leader (runs dispatch, the spoke sessions and the controllers)"
+                    } else {
+                        "follower (serves the API; another replica leads)"
+                    };
+                    vec![("role".to_string(), role.to_string())]
+                })
+            })
             .authenticator(Arc::new(Authenticator::new(
                 tokens,
                 config.client_ca.is_some(),
@@ -146,7 +312,7 @@ impl Hub {
             ))
             .namespace_lifecycle(true)
             .protected_namespaces(&[SYSTEM_NAMESPACE]);
-        let (public, authenticated) = crate::metrics::routes(dispatch.clone(), admin_groups);
+        let (public, authenticated) = crate::metrics::routes(current.subscribe(), admin_groups);
         builder = builder.routes(public, authenticated);
         for def in api::resources()? {
             builder = builder.resource(def);
@@ -156,8 +322,16 @@ impl Hub {
             plugins,
             server: builder.build(),
             dispatch,
+            admission,
+            current,
+            election,
             config,
         })
+    }
+
+    /// The dispatch of the term this replica leads; None while it follows.
+    pub fn leading(&self) -> watch::Receiver<Option<Arc<Dispatch>>> {
+        self.current.subscribe()
     }
 
     /// Creates the namespaces `default` and `kubeflow-system`, and those
@@ -218,33 +392,51 @@ impl Hub {
             .with_context(|| format!("listening on {}", self.config.listen))?;
         let addr = listener.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let lifecycle = tokio::spawn(controller::run_lifecycle(
-            self.store.clone(),
-            wait(stop_rx.clone()),
-        ));
-        let event_expiry = (!self.config.event_ttl.is_zero()).then(|| {
-            tokio::spawn(controller::events::run(
-                self.store.clone(),
-                self.config.event_ttl,
-                wait(stop_rx.clone()),
-            ))
-        });
-        let namespaces = tokio::spawn(
-            self.server
-                .clone()
-                .run_namespace_controller(wait(stop_rx.clone())),
-        );
-        let dispatch = tokio::spawn(self.dispatch.clone().run(wait(stop_rx.clone())));
-        spokes::apply_cordons(self.store.as_ref(), &self.dispatch);
-        let spoke_objects = tokio::spawn(spokes::run(
-            self.store.clone(),
-            self.server.clone(),
-            self.dispatch.clone(),
-            wait(stop_rx.clone()),
-        ));
         let mut grpc_addr = None;
-        let grpc = match self.config.grpc_listen {
+        let grpc_listener = match self.config.grpc_listen {
             Some(listen) => {
+                let listener = tokio::net::TcpListener::bind(listen)
+                    .await
+                    .with_context(|| format!("listening on {listen} (gRPC)"))?;
+                grpc_addr = Some(listener.local_addr()?);
+                Some(listener)
+            }
+            None => None,
+        };
+        let role = match &self.election {
+            None => {
+                crate::metrics::hub().leader.set(1);
+                crate::leader::single()
+            }
+            Some(election) => {
+                let r = &election.replication;
+                let api = r.advertise_api.clone().unwrap_or_else(|| addr.to_string());
+                let me = Replica {
+                    identity: r
+                        .identity
+                        .clone()
+                        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+                        .map(|host| format!("{host}:{}", addr.port()))
+                        .unwrap_or_else(|| api.clone()),
+                    api,
+                    grpc: r
+                        .advertise_grpc
+                        .clone()
+                        .or_else(|| grpc_addr.map(|a| a.to_string())),
+                };
+                tracing::info!(identity = %me.identity, election = %election.name, "campaigning for leadership");
+                crate::metrics::hub().leader.set(0);
+                crate::leader::spawn(
+                    election.client.clone(),
+                    election.name.clone(),
+                    me,
+                    r.election,
+                    wait(stop_rx.clone()),
+                )
+            }
+        };
+        let grpc = match grpc_listener {
+            Some(listener) => {
                 let spoke_ca = self
                     .config
                     .spoke_ca
@@ -256,20 +448,34 @@ impl Hub {
                     client_ca_pem: read(spoke_ca)?,
                     reloading: Some(serving.clone()),
                 };
-                let listener = tokio::net::TcpListener::bind(listen)
-                    .await
-                    .with_context(|| format!("listening on {listen} (gRPC)"))?;
-                grpc_addr = Some(listener.local_addr()?);
-                let dispatch = self.dispatch.clone();
+                let (current, role) = (self.current.subscribe(), role.clone());
                 let stop = wait(stop_rx.clone());
                 Some(tokio::spawn(async move {
-                    if let Err(e) = grpc::serve(listener, &tls, dispatch, stop).await {
+                    let limits = grpc::GrpcLimits::default();
+                    if let Err(e) =
+                        grpc::serve_replica(listener, &tls, limits, current, role, stop).await
+                    {
                         tracing::error!(error = %e, "the spokes' gRPC endpoint failed");
                     }
                 }))
             }
             None => None,
         };
+        let terms = Terms {
+            store: self.store.clone(),
+            server: self.server.clone(),
+            admission: self.admission.clone(),
+            plugins: self.plugins.clone(),
+            dispatch_config: self.config.dispatch,
+            event_ttl: self.config.event_ttl,
+            single_writer: self.election.is_none(),
+        };
+        let leadership = tokio::spawn(terms.run(
+            self.dispatch.clone(),
+            role,
+            self.current.clone(),
+            stop_rx.clone(),
+        ));
         ready(Addrs {
             api: addr,
             grpc: grpc_addr,
@@ -282,17 +488,114 @@ impl Hub {
         };
         let options = self.config.api_limits.serve_options();
         trainhub_apiserver::tls::serve_with(listener, tls, router, stop, options).await;
-        let _ = lifecycle.await;
-        let _ = namespaces.await;
-        if let Some(expiry) = event_expiry {
-            let _ = expiry.await;
-        }
-        let _ = dispatch.await;
-        let _ = spoke_objects.await;
+        let _ = leadership.await;
         if let Some(grpc) = grpc {
             let _ = grpc.await;
         }
         Ok(())
+    }
+}
+
+fn make_data_dir(config: &Config) -> Result<()> {
+    // The store and the keys are inside: created for no one else (0700).
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(&config.data_dir)
+        .with_context(|| format!("creating the data directory {}", config.data_dir.display()))
+}
+
+/// What each term of leadership runs: dispatch (with the spoke sessions),
+/// the lifecycle, event-expiry, namespace and Spoke-object controllers,
+/// every write they make fenced by the term.
+struct Terms {
+    store: Arc<dyn Store>,
+    server: Arc<Server>,
+    admission: Arc<TrainerAdmission>,
+    plugins: Arc<Registry>,
+    dispatch_config: crate::dispatch::DispatchConfig,
+    event_ttl: Duration,
+    /// One process writes the store (redb): one term, for ever.
+    single_writer: bool,
+}
+
+impl Terms {
+    /// Runs a term each time `role` says Leader, until `stop`. A term ends
+    /// as soon as the role changes: its work stops, its spoke sessions are
+    /// closed, and the replica goes on as a follower.
+    async fn run(
+        self,
+        first: Arc<Dispatch>,
+        mut role: watch::Receiver<Role>,
+        current: watch::Sender<Option<Arc<Dispatch>>>,
+        stop: watch::Receiver<bool>,
+    ) {
+        let mut first = Some(first);
+        loop {
+            let term = tokio::select! {
+                r = role.wait_for(Role::is_leader) => match r.as_deref() {
+                    Ok(Role::Leader(term)) => term.clone(),
+                    _ => return,
+                },
+                () = wait(stop.clone()) => return,
+            };
+            let store = crate::leader::Counted::fence(self.store.clone(), term.clone());
+            // Dispatch state comes from the store at the start of each
+            // term, as after a restart; only redb's single term may use the
+            // dispatch built with the hub.
+            let dispatch = match first.take().filter(|_| self.single_writer) {
+                Some(d) => d,
+                None => Dispatch::new(
+                    store.clone(),
+                    self.admission.clone(),
+                    self.plugins.clone(),
+                    self.dispatch_config,
+                ),
+            };
+            if !self.single_writer {
+                tracing::info!(key = %term.key, revision = term.revision, "leading: dispatch, spoke sessions and controllers start");
+            }
+            let (end_tx, end_rx) = watch::channel(false);
+            let mut tasks = vec![
+                tokio::spawn(controller::run_lifecycle(
+                    store.clone(),
+                    wait(end_rx.clone()),
+                )),
+                tokio::spawn(
+                    self.server
+                        .with_store(store.clone())
+                        .run_namespace_controller(wait(end_rx.clone())),
+                ),
+                tokio::spawn(dispatch.clone().run(wait(end_rx.clone()))),
+            ];
+            if !self.event_ttl.is_zero() {
+                tasks.push(tokio::spawn(controller::events::run(
+                    store.clone(),
+                    self.event_ttl,
+                    wait(end_rx.clone()),
+                )));
+            }
+            spokes::apply_cordons(store.as_ref(), &dispatch);
+            tasks.push(tokio::spawn(spokes::run(
+                store.clone(),
+                self.server.with_store(store.clone()),
+                dispatch.clone(),
+                wait(end_rx.clone()),
+            )));
+            current.send_replace(Some(dispatch.clone()));
+            let stopping = tokio::select! {
+                _ = role.wait_for(|r| *r != Role::Leader(term.clone())) => false,
+                () = wait(stop.clone()) => true,
+            };
+            current.send_replace(None);
+            dispatch.close_all_sessions(grpc::NOT_LEADING);
+            let _ = end_tx.send(true);
+            for task in tasks {
+                let _ = task.await;
+            }
+            if stopping {
+                return;
+            }
+            tracing::warn!(key = %term.key, revision = term.revision, "the leadership term ended: dispatch, spoke sessions and controllers stopped; following");
+        }
     }
 }
 

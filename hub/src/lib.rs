@@ -16,6 +16,7 @@ pub mod dev;
 pub mod dispatch;
 pub mod grpc;
 pub mod hub;
+pub mod leader;
 pub mod logging;
 pub mod metrics;
 pub mod plugins;

@@ -41,6 +41,11 @@ pub struct HubMetrics {
     pub spoke_connects: Family<Labels, Counter>,
     pub spoke_allocatable: Family<Labels, FloatGauge>,
     pub spoke_free: Family<Labels, FloatGauge>,
+    /// 1 while this replica leads (runs dispatch, spoke sessions and the
+    /// controllers), 0 while it follows.
+    pub leader: Gauge,
+    /// Writes refused because this replica's leadership term had ended.
+    pub fenced_writes: Counter,
 }
 
 /// The hub's metrics (one set per process).
@@ -104,6 +109,16 @@ pub fn hub() -> &'static HubMetrics {
                 "Capacity a spoke reports free, per resource, in units",
                 Family::default(),
             ),
+            leader: r.register(
+                "trainhub_leader",
+                "1 while this hub replica is the leader (runs dispatch, spoke sessions and controllers), 0 while it follows",
+                Gauge::default(),
+            ),
+            fenced_writes: r.register(
+                "trainhub_fenced_writes",
+                "Writes refused because this replica's leadership term had ended (StoreError::Fenced)",
+                Counter::default(),
+            ),
             registry: r,
         }
     })
@@ -129,12 +144,17 @@ impl HubMetrics {
 /// token (the Helm chart's ServiceMonitor takes it from a Secret).
 ///
 /// Returns (public, authenticated) routes, as the API server takes them.
-pub fn routes(dispatch: Arc<Dispatch>, admin_groups: Vec<String>) -> (Router, Router) {
+/// `current` is the dispatch of the term this replica leads (None while it
+/// follows: the dispatch gauges are then 0 and `trainhub_leader` says so).
+pub fn routes(
+    current: tokio::sync::watch::Receiver<Option<Arc<Dispatch>>>,
+    admin_groups: Vec<String>,
+) -> (Router, Router) {
     let admins = Arc::new(admin_groups);
     let metrics = {
         let admins = admins.clone();
         get(move |Extension(user): Extension<UserInfo>| {
-            let (dispatch, admins) = (dispatch.clone(), admins.clone());
+            let (dispatch, admins) = (current.borrow().clone(), admins.clone());
             async move {
                 if let Err(refused) = admit(&user, &admins, "get", "/metrics") {
                     return refused.into_response();
@@ -145,7 +165,13 @@ pub fn routes(dispatch: Arc<Dispatch>, admin_groups: Vec<String>) -> (Router, Ro
                 static RENDER: std::sync::Mutex<()> = std::sync::Mutex::new(());
                 let text = tokio::task::spawn_blocking(move || {
                     let _one = RENDER.lock().unwrap_or_else(|p| p.into_inner());
-                    dispatch.refresh_metrics();
+                    match dispatch {
+                        Some(dispatch) => dispatch.refresh_metrics(),
+                        None => {
+                            hub().connected_spokes.set(0);
+                            hub().queue_depth.set(0);
+                        }
+                    }
                     hub().registry.render()
                 })
                 .await;

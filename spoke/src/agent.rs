@@ -51,7 +51,11 @@ use crate::metrics;
 /// How the agent reaches the hub.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// `https://host:port` of the hub's gRPC endpoint.
+    /// `https://host:port` of the hub's gRPC endpoint; several replicas'
+    /// comma-separated (or one Service name in front of them). A replica
+    /// that does not lead refuses the session and names the leader
+    /// ([`LEADER_METADATA`]), which the agent dials next; on any other
+    /// failure it tries the next address.
     pub hub_url: String,
     /// The name the hub's certificate is checked against (default: the
     /// URL's host).
@@ -84,6 +88,11 @@ pub struct AgentConfig {
 pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_secs(300);
 /// `trainspoke --reservation-ttl-seconds`'s default.
 pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(120);
+/// The gRPC metadata key in which a hub replica that does not lead names
+/// the leader's spoke endpoint (`host:port`) when it refuses a session
+/// with UNAVAILABLE (the hub's `grpc::LEADER_METADATA`).
+pub const LEADER_METADATA: &str = "trainhub-leader";
+
 /// How long connecting (TCP, TLS, the stream's response) may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -123,6 +132,80 @@ pub enum AgentError {
     ConnectTimeout(Duration),
     #[error("nothing heard from the hub for {0:?}: runs fenced, reconnecting")]
     Fenced(Duration),
+}
+
+impl AgentError {
+    /// The leader's spoke endpoint, as a URL, when a hub replica refused
+    /// the session because it does not lead and named the leader.
+    pub fn leader_hint(&self) -> Option<String> {
+        let AgentError::Status(status) = self else {
+            return None;
+        };
+        if status.code() != tonic::Code::Unavailable {
+            return None;
+        }
+        let addr = status
+            .metadata()
+            .get(LEADER_METADATA)?
+            .to_str()
+            .ok()?
+            .trim();
+        if addr.is_empty() {
+            return None;
+        }
+        Some(if addr.contains("://") {
+            addr.to_string()
+        } else {
+            format!("https://{addr}")
+        })
+    }
+}
+
+/// The hub addresses of `--hub`: comma-separated, blanks dropped.
+pub fn hub_urls(hub: &str) -> Vec<String> {
+    hub.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Which hub address the agent dials next: the leader a replica named,
+/// once, else the addresses in turn.
+#[derive(Debug, Clone, Default)]
+pub struct Targets {
+    urls: Vec<String>,
+    next: usize,
+    hinted: Option<String>,
+}
+
+impl Targets {
+    pub fn new(hub: &str) -> Self {
+        Targets {
+            urls: hub_urls(hub),
+            next: 0,
+            hinted: None,
+        }
+    }
+
+    /// The address to dial now.
+    pub fn pick(&mut self) -> String {
+        if let Some(hinted) = self.hinted.take() {
+            return hinted;
+        }
+        let Some(url) = self.urls.get(self.next % self.urls.len().max(1)) else {
+            return String::new();
+        };
+        self.next = (self.next + 1) % self.urls.len().max(1);
+        url.clone()
+    }
+
+    /// The session with `url` ended; `hint` is the leader a replica named.
+    /// Returns whether the next dial follows a hint.
+    pub fn ended(&mut self, url: &str, hint: Option<String>) -> bool {
+        self.hinted = hint.filter(|h| h != url);
+        self.hinted.is_some()
+    }
 }
 
 /// An error with its sources: tonic's transport errors say only
@@ -370,20 +453,28 @@ pub async fn run(
     let connect_loop = async {
         let mut failures: u32 = 0;
         let mut sessions: u64 = 0;
+        let mut targets = Targets::new(&config.hub_url);
+        let mut redirects: u32 = 0;
         loop {
             let started = Instant::now();
             if sessions > 0 {
                 metrics::spoke().reconnects.inc();
             }
             sessions += 1;
-            let result = session(&config, &shared).await;
+            let url = targets.pick();
+            let result = session(&config, &url, &shared).await;
+            let hint = result.as_ref().err().and_then(AgentError::leader_hint);
+            let redirected = targets.ended(&url, hint.clone());
             metrics::spoke().connected.set(0);
             match &result {
                 Ok(()) => tracing::warn!("the hub closed the session"),
                 Err(AgentError::Rotated) => {
                     tracing::info!("reconnecting with the rotated certificate")
                 }
-                Err(e) => tracing::warn!(error = %e, "session with the hub failed"),
+                Err(_) if redirected => {
+                    tracing::info!(hub = %url, leader = ?hint, "the hub replica does not lead: following it to the leader")
+                }
+                Err(e) => tracing::warn!(hub = %url, error = %e, "session with the hub failed"),
             }
             *lock(&shared.current) = None;
             for (_, task) in lock(&shared.log_tasks).drain() {
@@ -392,8 +483,13 @@ pub async fn run(
             if started.elapsed() > config.backoff_max {
                 failures = 0;
             }
+            redirects = if redirected { redirects + 1 } else { 0 };
             let wait = if matches!(result, Err(AgentError::Rotated)) {
                 failures = 0;
+                config.backoff_min
+            } else if redirected && redirects <= 2 {
+                // A redirect is not a failure; a third in a row (replicas
+                // that disagree on the leader while it changes) backs off.
                 config.backoff_min
             } else {
                 backoff(&config, failures)
@@ -420,7 +516,7 @@ fn backoff(config: &AgentConfig, failures: u32) -> Duration {
     half + half.mul_f64(rand::rng().random::<f64>())
 }
 
-async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), AgentError> {
+async fn session(config: &AgentConfig, url: &str, shared: &Arc<Shared>) -> Result<(), AgentError> {
     let stamp = config.cert_files.as_ref().map(|f| f.stamp());
     let (ca_pem, cert_pem, key_pem) = match &config.cert_files {
         Some(files) => {
@@ -445,8 +541,8 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
     if let Some(name) = &config.tls_server_name {
         tls = tls.domain_name(name.clone());
     }
-    let endpoint = Endpoint::from_shared(config.hub_url.clone())
-        .map_err(|e| AgentError::Address(config.hub_url.clone(), e.to_string()))?
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| AgentError::Address(url.to_string(), e.to_string()))?
         .tls_config(tls)?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
@@ -500,7 +596,7 @@ async fn session(config: &AgentConfig, shared: &Arc<Shared>) -> Result<(), Agent
     let mut fencings = shared.fencings.subscribe();
     fencings.mark_unchanged();
     metrics::spoke().connected.set(1);
-    tracing::info!(hub = %config.hub_url, runs = held.len(), "connected to the hub");
+    tracing::info!(hub = %url, runs = held.len(), "connected to the hub");
     let _heartbeat = {
         let tx = tx.clone();
         let backend = backend.clone();
@@ -837,6 +933,45 @@ fn failed_report(key: RunKey, error: &BackendError) -> RunReport {
 mod tests {
     use super::*;
     use crate::backend::sim::SimBackend;
+
+    fn refused_by_follower(leader: Option<&str>) -> AgentError {
+        let mut status = tonic::Status::unavailable("this hub replica is not the leader");
+        if let Some(l) = leader {
+            status
+                .metadata_mut()
+                .insert(LEADER_METADATA, l.parse().unwrap());
+        }
+        AgentError::Status(status)
+    }
+
+    #[test]
+    fn a_followers_refusal_sends_the_spoke_to_the_leader_then_the_list_resumes() {
+        let mut t = Targets::new("https://a:1, https://b:2,,https://c:3");
+        assert_eq!(t.pick(), "https://a:1");
+        let hint = refused_by_follower(Some("10.0.0.2:6444")).leader_hint();
+        assert_eq!(hint.as_deref(), Some("https://10.0.0.2:6444"));
+        assert!(t.ended("https://a:1", hint));
+        assert_eq!(t.pick(), "https://10.0.0.2:6444");
+        // The leader went away: the addresses in turn.
+        assert!(!t.ended("https://10.0.0.2:6444", None));
+        assert_eq!(t.pick(), "https://b:2");
+        assert_eq!(t.pick(), "https://c:3");
+        assert_eq!(t.pick(), "https://a:1");
+    }
+
+    #[test]
+    fn only_an_unavailable_refusal_naming_a_leader_is_a_hint() {
+        assert_eq!(refused_by_follower(None).leader_hint(), None);
+        let mut other = tonic::Status::permission_denied("revoked");
+        other
+            .metadata_mut()
+            .insert(LEADER_METADATA, "x:1".parse().unwrap());
+        assert_eq!(AgentError::Status(other).leader_hint(), None);
+        // A hint naming the address just refused is not followed again.
+        let mut t = Targets::new("https://a:1");
+        assert!(!t.ended("https://a:1", Some("https://a:1".into())));
+        assert_eq!(t.pick(), "https://a:1");
+    }
 
     fn sim() -> Arc<SimBackend> {
         let (tx, _rx) = mpsc::unbounded_channel();

@@ -35,7 +35,11 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "trainspoke", version)]
 pub struct Args {
-    /// The hub's gRPC endpoint, `https://HOST:PORT`.
+    /// The hub's gRPC endpoint, `https://HOST:PORT`; for a hub of several
+    /// replicas, each replica's, comma-separated (or one Service name in
+    /// front of them). A replica that does not lead refuses the session
+    /// and names the leader, which the spoke dials next; its runs keep
+    /// running meanwhile.
     #[arg(long, env = "TRAINSPOKE_HUB")]
     pub hub: String,
     /// PEM file of the CA that signed the hub's certificate.

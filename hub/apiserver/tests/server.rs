@@ -999,3 +999,63 @@ async fn version_is_a_kubernetes_level_with_trainhubs_version() {
         format!("v1.33.0+trainhub-{}", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// kube-apiserver's paged list on etcd: every continue page is read at the
+/// first page's resourceVersion, and once that is compacted the token is
+/// refused with 410 Expired and kube-apiserver's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_pages_are_consistent_at_the_first_pages_version_on_etcd() {
+    use trainhub_apiserver::store::etcd::{CONTINUE_EXPIRED, EtcdConfig, EtcdStore, LocalEtcd};
+    let dir = tempfile::tempdir().unwrap();
+    let Some(etcd) = LocalEtcd::start_or_skip(1, dir.path()).unwrap() else {
+        return;
+    };
+    let config = EtcdConfig {
+        endpoints: etcd.endpoints(),
+        prefix: "/api/".into(),
+        ..EtcdConfig::default()
+    };
+    let store = EtcdStore::open(&config, 1000).await.unwrap();
+    let server = Server::builder(store.clone()).resource(widgets()).build();
+    let api = Api {
+        router: server.router(),
+        _dir: tempfile::tempdir().unwrap(),
+    };
+    for i in 0..5 {
+        let (code, body) = api
+            .json("POST", BASE, Some(widget(&format!("w{i}"), i)))
+            .await;
+        assert_eq!(code, StatusCode::CREATED, "{body}");
+    }
+    let (_, page) = api.json("GET", &format!("{BASE}?limit=2"), None).await;
+    let rv = page["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let token = page["metadata"]["continue"].as_str().unwrap().to_string();
+    // Changes after the first page stay out of the pages after it.
+    let (code, _) = api.json("DELETE", &format!("{BASE}/w2"), None).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, _) = api.json("POST", BASE, Some(widget("w5", 5))).await;
+    assert_eq!(code, StatusCode::CREATED);
+    let (code, rest) = api
+        .json("GET", &format!("{BASE}?limit=10&continue={token}"), None)
+        .await;
+    assert_eq!(code, StatusCode::OK, "{rest}");
+    let names: Vec<_> = rest["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["w2", "w3", "w4"]);
+    assert_eq!(rest["metadata"]["resourceVersion"], rv.as_str());
+
+    store.compact(store.revision()).await.unwrap();
+    let (code, status) = api
+        .json("GET", &format!("{BASE}?limit=10&continue={token}"), None)
+        .await;
+    assert_eq!(code, StatusCode::GONE, "{status}");
+    assert_eq!(status["reason"], "Expired");
+    assert_eq!(status["message"], CONTINUE_EXPIRED);
+}

@@ -33,9 +33,12 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the hub (Kubernetes API over TLS, embedded store).
+    /// Serve the hub (Kubernetes API over TLS; the embedded store, or etcd
+    /// shared by several replicas of which one leads).
     Serve(ServeArgs),
     /// The embedded default: a hub on 127.0.0.1 with its own CA, an admin
     /// token and a kubeconfig, and local spokes.
@@ -78,6 +81,8 @@ struct ServeArgs {
     dispatch: trainhub::dispatch::DispatchArgs,
     #[command(flatten)]
     api_limits: trainhub::api_limits::ApiLimitsArgs,
+    #[command(flatten)]
+    storage: trainhub::hub::StorageArgs,
 }
 
 fn main() -> ExitCode {
@@ -97,21 +102,26 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Dev(args) => trainhub::dev::run(args, shutdown_signal()).await,
             Command::Serve(args) => {
-                let hub = Hub::open(Config {
-                    data_dir: args.data_dir,
-                    listen: args.listen,
-                    tls_cert: args.tls_cert_file,
-                    tls_key: args.tls_private_key_file,
-                    client_ca: args.client_ca_file,
-                    token_file: args.token_auth_file,
-                    policy_file: args.authorization_policy_file,
-                    plugins_dir: args.plugins_dir,
-                    grpc_listen: args.grpc_listen,
-                    spoke_ca: args.spoke_ca_file,
-                    dispatch: args.dispatch.config(),
-                    event_ttl: args.event_ttl,
-                    api_limits: args.api_limits,
-                })?;
+                let replication = args.storage.replication()?;
+                let hub = Hub::open_replicated(
+                    Config {
+                        data_dir: args.data_dir,
+                        listen: args.listen,
+                        tls_cert: args.tls_cert_file,
+                        tls_key: args.tls_private_key_file,
+                        client_ca: args.client_ca_file,
+                        token_file: args.token_auth_file,
+                        policy_file: args.authorization_policy_file,
+                        plugins_dir: args.plugins_dir,
+                        grpc_listen: args.grpc_listen,
+                        spoke_ca: args.spoke_ca_file,
+                        dispatch: args.dispatch.config(),
+                        event_ttl: args.event_ttl,
+                        api_limits: args.api_limits,
+                    },
+                    replication,
+                )
+                .await?;
                 // As an upstream install ships them: the built-in runtimes
                 // (created when absent) and the ConfigMap the Kubeflow SDK
                 // reads the trainer version from, which no client may write.

@@ -1525,6 +1525,14 @@ impl Dispatch {
         }
     }
 
+    /// Ends every open session, telling each spoke `reason` (this replica
+    /// stopped leading: the spokes go to the new leader).
+    pub fn close_all_sessions(&self, reason: &str) {
+        for session in lock(&self.sessions).values() {
+            let _ = session.close.send(Some(reason.to_string()));
+        }
+    }
+
     // ------------------------------------------------------------ sessions
 
     /// How long a session may stay silent before it is ended.
@@ -2240,6 +2248,41 @@ impl LogSource for SpokeLogs {
         let result = self.0.open_logs(pod, container, follow, tail_lines);
         Box::pin(async move { result })
     }
+}
+
+/// The pod log source of a hub replica: the spokes' sessions live on the
+/// leader, so a replica serves logs while it leads and refuses with 503
+/// (retry later, or ask the leader) while it follows.
+pub struct LeaderLogs(pub tokio::sync::watch::Receiver<Option<Arc<Dispatch>>>);
+
+impl LogSource for LeaderLogs {
+    fn logs(
+        &self,
+        pod: &Value,
+        container: Option<&str>,
+        follow: bool,
+        tail_lines: Option<i64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>
+    {
+        let current = self.0.borrow().clone();
+        let result = match current {
+            Some(dispatch) => dispatch.open_logs(pod, container, follow, tail_lines),
+            None => Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                "pod logs are streamed by the leading hub replica, where the spokes' sessions are; this replica follows: retry (a load balancer in front of the replicas tries another)",
+            )),
+        };
+        Box::pin(async move { result })
+    }
+}
+
+/// The log source of a replica that serves logs while `current` holds the
+/// dispatch of its term.
+pub fn leader_log_source(
+    current: tokio::sync::watch::Receiver<Option<Arc<Dispatch>>>,
+) -> Arc<dyn LogSource> {
+    Arc::new(LeaderLogs(current))
 }
 
 impl Dispatch {

@@ -7,6 +7,7 @@ mod charts;
 mod common;
 mod dispatch;
 mod faults;
+mod ha;
 mod kube;
 mod kube_clients;
 mod kubectl;

@@ -17,7 +17,8 @@ use crate::namespace::{self as ns, is_namespaces};
 use crate::resource::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{self, ApiError};
-use crate::store::{Key, Object, Op, Rv};
+use crate::store::etcd::CONTINUE_EXPIRED;
+use crate::store::{Key, Object, Op, Rv, StoreError};
 use crate::{admission, names, patch, review, schema, table};
 
 /// Request bodies larger than this are refused with 413, as kube-apiserver
@@ -188,7 +189,7 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
     match (ctx.sub(), ctx.target.name.is_some()) {
         (None, false) => match method {
             Method::GET if ctx.query.flag("watch") => watch::serve(ctx).await,
-            Method::GET => list(&ctx),
+            Method::GET => list(&ctx).await,
             Method::POST => create(&ctx, &body).await,
             Method::DELETE => delete_collection(&ctx, &body).await,
             _ => Err(method_not_allowed(&method)),
@@ -351,12 +352,28 @@ impl Continue {
     }
 }
 
-fn list(ctx: &Ctx) -> Result<Response, ApiError> {
+/// A list; its continue pages are read at the first page's resourceVersion
+/// (410 Expired once that is compacted), as kube-apiserver reads them.
+async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     let selectors = Selectors::parse(ctx)?;
-    let (objects, rv) = ctx
-        .server
-        .store
-        .list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
+    let after = match ctx.query.get("continue") {
+        Some(token) => Some(decode_continue(token)?),
+        None => None,
+    };
+    let resource = ctx.def.store_key();
+    let namespace = ctx.target.namespace.as_deref();
+    let (objects, rv) = match &after {
+        None => ctx.server.store.list(&resource, namespace),
+        Some(token) => ctx
+            .server
+            .store
+            .list_at(&resource, namespace, token.rv)
+            .await
+            .map_err(|e| match e {
+                StoreError::Gone { .. } => ApiError::expired(CONTINUE_EXPIRED),
+                e => ctx.store_error(e),
+            })?,
+    };
     let limit = match ctx.query.get("limit") {
         Some(l) => Some(
             l.parse::<usize>()
@@ -365,10 +382,6 @@ fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         None => None,
     }
     .filter(|&l| l > 0);
-    let after = match ctx.query.get("continue") {
-        Some(token) => Some(decode_continue(token)?),
-        None => None,
-    };
     let mut items: Vec<&Object> = objects
         .iter()
         .filter(|o| after.as_ref().is_none_or(|a| a.precedes(&o.key)))

@@ -71,6 +71,10 @@ impl InFlight {
         }
     }
 
+    pub fn limits(&self) -> RequestLimits {
+        self.limits
+    }
+
     /// A slot for a request of `user` to `uri`, or 429 naming the limit.
     pub fn admit(&self, user: &UserInfo, uri: &Uri) -> Result<(Slot, bool), ApiError> {
         let long_running = is_long_running(uri);

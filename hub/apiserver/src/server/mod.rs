@@ -100,7 +100,13 @@ pub struct Server {
     /// extension).
     public_routes: Router,
     authenticated_routes: Router,
+    /// Extra lines of `/readyz?verbose` (e.g. a replica's role).
+    readiness: Option<Readiness>,
 }
+
+/// What `/readyz?verbose` adds, as `name: detail` pairs, checked at each
+/// request (a replica's role: leader or follower).
+pub type Readiness = Arc<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
 
 /// Builds a [`Server`].
 pub struct Builder {
@@ -202,6 +208,13 @@ impl Builder {
         self
     }
 
+    /// Details `/readyz?verbose` lists after kube-apiserver's `[+]ping ok`
+    /// (every line is a passed check: readiness stays true).
+    pub fn readiness(mut self, readiness: Readiness) -> Self {
+        self.server.readiness = Some(readiness);
+        self
+    }
+
     pub fn build(self) -> Arc<Server> {
         Arc::new(self.server)
     }
@@ -229,12 +242,41 @@ impl Server {
                 watch_epoch: tokio::sync::watch::Sender::new(0),
                 public_routes: Router::new(),
                 authenticated_routes: Router::new(),
+                readiness: None,
             },
         }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// This server's resources, admission and settings over another view of
+    /// its store (a fenced one, see [`Store::fenced`]), for controllers
+    /// whose writes must carry a leadership term. The copy serves no
+    /// requests of its own: its request caps and watch epoch are fresh.
+    pub fn with_store(self: &Arc<Self>, store: Arc<dyn Store>) -> Arc<Server> {
+        Arc::new(Server {
+            store,
+            resources: self.resources.clone(),
+            index: self.index.clone(),
+            keys: self.keys.clone(),
+            admission: self.admission.clone(),
+            authenticator: self.authenticator.clone(),
+            authorizer: self.authorizer.clone(),
+            logs: self.logs.clone(),
+            version: self.version.clone(),
+            bookmark_interval: self.bookmark_interval,
+            garbage_collection: self.garbage_collection,
+            inflight: inflight::InFlight::new(self.inflight.limits()),
+            watch_send_timeout: self.watch_send_timeout,
+            namespace_lifecycle: self.namespace_lifecycle,
+            protected_namespaces: self.protected_namespaces.clone(),
+            watch_epoch: tokio::sync::watch::Sender::new(0),
+            public_routes: self.public_routes.clone(),
+            authenticated_routes: self.authenticated_routes.clone(),
+            readiness: self.readiness.clone(),
+        })
     }
 
     pub fn resources(&self) -> &[Arc<ResourceDef>] {
@@ -285,12 +327,35 @@ impl Server {
         Router::new()
             .route("/healthz", get(ok))
             .route("/livez", get(ok))
-            .route("/readyz", get(ok))
+            .route("/readyz", get(readyz))
             .route("/version", get(discovery::version))
             .merge(self.public_routes.clone().with_state(()))
             .merge(authenticated)
             .with_state(self.clone())
     }
+}
+
+/// `/readyz`: `ok`; with `?verbose`, kube-apiserver's check list, the
+/// embedder's details included.
+async fn readyz(
+    axum::extract::State(server): axum::extract::State<Arc<Server>>,
+    uri: axum::http::Uri,
+) -> String {
+    let verbose = uri.query().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "verbose" || p.starts_with("verbose="))
+    });
+    if !verbose {
+        return "ok".into();
+    }
+    let mut text = String::from("[+]ping ok\n");
+    if let Some(readiness) = &server.readiness {
+        for (name, detail) in readiness() {
+            text.push_str(&format!("[+]{name} ok: {detail}\n"));
+        }
+    }
+    text.push_str("readyz check passed\n");
+    text
 }
 
 /// `metadata` of an object, or an empty map.

@@ -1,12 +1,51 @@
-//! The replicated store: etcd's v3 API, with a watch cache per replica.
+//! The replicated store: etcd's v3 API, with a watch cache per replica, as
+//! kube-apiserver stores objects.
 //!
-//! (Issue 19, in progress: the configuration and connection are the
-//! contract the hub is wired against; the store itself lands next.)
+//! # Layout
+//! An object lives at `PREFIX` + `registry/` + `RESOURCE|NAMESPACE|NAME`
+//! (e.g. `/trainhub/registry/trainer.kubeflow.org/trainjobs|default|j1`;
+//! `|` cannot occur in names, see [`Key::is_storable`]), its value the
+//! object's JSON without `metadata.resourceVersion`: the resourceVersion
+//! is etcd's `mod_revision`, stamped when read. The compactor's key is
+//! `PREFIX` + `compact_rev_key`.
+//!
+//! # Guarantees
+//! - A commit is one etcd transaction: all its writes or none, at one
+//!   revision. Create compares `create_revision == 0`; Update and Delete
+//!   compare `mod_revision` with the expected resourceVersion (or that the
+//!   key exists); Put and Remove are unconditional. A refused commit names
+//!   the failing key.
+//! - A commit returns once this replica's watch cache has applied its
+//!   revision, so a replica never reads older than what it wrote, and its
+//!   reads never go back in time.
+//! - Reads (get, list, watch) are served from the cache, which one etcd
+//!   watch on the prefix feeds from the revision it loaded at. A broken
+//!   watch resumes from the last revision seen; a compacted one makes the
+//!   cache relist, and watches from before the relist get
+//!   [`StoreError::Gone`].
+//! - A periodic progress request moves the cache's revision forward while
+//!   nothing changes, so watch bookmarks carry a current resourceVersion.
+//!   (etcd before 3.4.26 may answer one ahead of events it has yet to send;
+//!   a change that arrives so still lands in order in the history.)
 
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use super::StoreError;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use serde_json::Value;
+
+use super::cache::{Cache, Change, Stored, decode, set_rv};
+use super::{
+    CommitFuture, EventType, Key, ListFuture, Object, Op, Rv, Store, StoreError, Term, Watch,
+    readable,
+};
+
+mod local;
+pub use self::local::LocalEtcd;
 
 /// Where etcd is and how to reach it.
 #[derive(Debug, Clone, Default)]
@@ -64,9 +103,80 @@ impl EtcdConfig {
     }
 }
 
+/// Knobs of an [`EtcdStore`] beyond where etcd is.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// How often the compactor runs (kube-apiserver's
+    /// `--etcd-compaction-interval`, 5 minutes); zero disables it. Each run
+    /// compacts to the revision the previous run saw, and only one replica
+    /// per interval does (they agree through the compactor's key).
+    pub compaction_interval: Duration,
+    /// How often the cache asks etcd for watch progress while idle.
+    pub progress_interval: Duration,
+    /// How long a commit waits for this replica's cache to apply it.
+    pub commit_timeout: Duration,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions {
+            compaction_interval: Duration::from_secs(300),
+            progress_interval: Duration::from_secs(1),
+            commit_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Objects read per range request when loading.
+const LOAD_PAGE: i64 = 5_000;
+/// The message kube-apiserver answers a continue token at a compacted
+/// revision with.
+pub const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results.";
+
 /// The etcd-backed [`super::Store`].
 pub struct EtcdStore {
-    client: etcd_client::Client,
+    client: Client,
+    /// `PREFIX` + `registry/`.
+    registry: String,
+    prefix: String,
+    cache: Arc<Cache>,
+    options: EtcdOptions,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+}
+
+fn etcd_error(what: &str, e: etcd_client::Error) -> StoreError {
+    StoreError::Storage(format!("etcd: {what}: {e}"))
+}
+
+fn is_compacted(e: &etcd_client::Error) -> bool {
+    e.to_string()
+        .contains("required revision has been compacted")
+}
+
+/// etcd revisions are `i64`; resourceVersions `u64`.
+fn rev(r: i64) -> Rv {
+    Rv::try_from(r).unwrap_or(0)
+}
+
+fn etcd_rev(r: Rv) -> i64 {
+    i64::try_from(r).unwrap_or(i64::MAX)
+}
+
+fn header_rev(header: Option<&etcd_client::ResponseHeader>) -> Rv {
+    header.map(|h| rev(h.revision())).unwrap_or(0)
 }
 
 impl EtcdStore {
@@ -74,16 +184,938 @@ impl EtcdStore {
     /// watch cache and starts following etcd's watch. `history` events are
     /// kept for resuming watches.
     pub async fn open(config: &EtcdConfig, history: usize) -> Result<Arc<EtcdStore>, StoreError> {
-        let _ = history;
+        Self::open_with(config, history, EtcdOptions::default()).await
+    }
+
+    /// As [`EtcdStore::open`], with `options`.
+    pub async fn open_with(
+        config: &EtcdConfig,
+        history: usize,
+        options: EtcdOptions,
+    ) -> Result<Arc<EtcdStore>, StoreError> {
         let client = config.connect().await?;
-        let _ = client;
-        Err(StoreError::Storage(
-            "the etcd store is not built yet".into(),
-        ))
+        let prefix = if config.prefix.is_empty() || config.prefix.ends_with('/') {
+            config.prefix.clone()
+        } else {
+            format!("{}/", config.prefix)
+        };
+        let registry = format!("{prefix}registry/");
+        let (objects, rv) = load(&client, &registry, None).await?;
+        let cache = Arc::new(Cache::new(objects, rv, VecDeque::new(), history));
+        let store = EtcdStore {
+            client: client.clone(),
+            registry: registry.clone(),
+            prefix: prefix.clone(),
+            cache: cache.clone(),
+            options: options.clone(),
+            tasks: Mutex::new(Vec::new()),
+        };
+        let follow = tokio::spawn(follow(
+            client.clone(),
+            registry,
+            cache,
+            rv,
+            options.progress_interval,
+        ));
+        let mut tasks = vec![follow.abort_handle()];
+        if !options.compaction_interval.is_zero() {
+            let compactor = tokio::spawn(compactor(
+                client,
+                format!("{prefix}compact_rev_key"),
+                options.compaction_interval,
+            ));
+            tasks.push(compactor.abort_handle());
+        }
+        *store.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+        Ok(Arc::new(store))
     }
 
     /// The client the store uses (the hub's leader election shares it).
     pub fn client(&self) -> etcd_client::Client {
         self.client.clone()
+    }
+
+    /// The key prefix every key of this store starts with (ends in `/`
+    /// unless empty).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Compacts etcd's history at `rv` (physically, waiting for it) and
+    /// forgets this replica's watch history up to `rv`: watches and
+    /// continue tokens from before get 410 Gone, as after the compactor ran.
+    pub async fn compact(&self, rv: Rv) -> Result<(), StoreError> {
+        let mut client = self.client.clone();
+        match client
+            .compact(
+                etcd_rev(rv),
+                Some(etcd_client::CompactionOptions::new().with_physical()),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_compacted(&e) => {}
+            Err(e) => return Err(etcd_error("compacting", e)),
+        }
+        self.cache.compact(rv);
+        Ok(())
+    }
+
+    fn etcd_key(&self, key: &Key) -> String {
+        format!("{}{}", self.registry, key.encode())
+    }
+
+    async fn commit_in(
+        &self,
+        ops: Vec<Op>,
+        term: Option<&Term>,
+    ) -> Result<Vec<Object>, StoreError> {
+        readable(&ops)?;
+        let mut seen = std::collections::HashSet::new();
+        for op in &ops {
+            let key = op.key();
+            if !key.is_storable() {
+                return Err(StoreError::InvalidKey(key.clone()));
+            }
+            if !seen.insert(key.clone()) {
+                return Err(StoreError::Storage(format!(
+                    "{key}: one commit writes this key twice; etcd takes one write per key and transaction"
+                )));
+            }
+        }
+        let mut compares = Vec::new();
+        let mut writes = Vec::with_capacity(ops.len());
+        let mut reads = Vec::with_capacity(ops.len() + 1);
+        for op in &ops {
+            let k = self.etcd_key(op.key());
+            match op {
+                Op::Create { value, .. } => {
+                    compares.push(Compare::create_revision(k.clone(), CompareOp::Equal, 0));
+                    writes.push(TxnOp::put(k.clone(), encode(value)?, None));
+                }
+                Op::Update {
+                    value, expected, ..
+                } => {
+                    compares.push(precondition(&k, *expected));
+                    writes.push(TxnOp::put(k.clone(), encode(value)?, None));
+                }
+                Op::Delete { expected, .. } => {
+                    compares.push(precondition(&k, *expected));
+                    writes.push(TxnOp::delete(
+                        k.clone(),
+                        Some(DeleteOptions::new().with_prev_key()),
+                    ));
+                }
+                Op::Put { value, .. } => {
+                    writes.push(TxnOp::put(k.clone(), encode(value)?, None));
+                }
+                Op::Remove { .. } => writes.push(TxnOp::delete(
+                    k.clone(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )),
+            }
+            reads.push(TxnOp::get(k, Some(GetOptions::new().with_keys_only())));
+        }
+        if let Some(term) = term {
+            compares.push(Compare::create_revision(
+                term.key.clone(),
+                CompareOp::Equal,
+                etcd_rev(term.revision),
+            ));
+            reads.push(TxnOp::get(
+                term.key.clone(),
+                Some(GetOptions::new().with_keys_only()),
+            ));
+        }
+        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
+        let mut client = self.client.clone();
+        let response = client
+            .txn(txn)
+            .await
+            .map_err(|e| etcd_error("committing", e))?;
+        let revision = header_rev(response.header());
+        let answers = response.op_responses();
+        if !response.succeeded() {
+            return Err(refusal(&ops, term, &answers));
+        }
+        let mut results = Vec::with_capacity(ops.len());
+        let mut wrote = false;
+        for (op, answer) in ops.into_iter().zip(answers) {
+            match (op, answer) {
+                (
+                    Op::Create { key, mut value }
+                    | Op::Update { key, mut value, .. }
+                    | Op::Put { key, mut value },
+                    _,
+                ) => {
+                    wrote = true;
+                    set_rv(&mut value, revision);
+                    results.push(Object {
+                        key,
+                        rv: revision,
+                        value: Arc::new(value),
+                    });
+                }
+                (Op::Delete { key, .. } | Op::Remove { key }, TxnOpResponse::Delete(deleted)) => {
+                    wrote |= deleted.deleted() > 0;
+                    if let Some(prev) = deleted.prev_kvs().first()
+                        && let Some(object) = decode(&key, revision, prev.value())
+                    {
+                        results.push(object);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if wrote {
+            self.cache
+                .wait_for(revision, self.options.commit_timeout)
+                .await?;
+        }
+        Ok(results)
+    }
+
+    async fn list_at_rv(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        rv: Rv,
+    ) -> Result<(Vec<Object>, Rv), StoreError> {
+        let scope = match namespace {
+            Some(ns) => format!("{}{resource}|{ns}|", self.registry),
+            None => format!("{}{resource}|", self.registry),
+        };
+        let mut client = self.client.clone();
+        let mut items = Vec::new();
+        let mut start = scope.clone().into_bytes();
+        let end = prefix_end(scope.as_bytes());
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_revision(etcd_rev(rv))
+                .with_limit(LOAD_PAGE);
+            let page = client
+                .get(start.clone(), Some(options))
+                .await
+                .map_err(|e| {
+                    if is_compacted(&e) {
+                        StoreError::Gone {
+                            requested: rv,
+                            oldest: rv + 1,
+                        }
+                    } else {
+                        etcd_error("listing", e)
+                    }
+                })?;
+            for kv in page.kvs() {
+                if let Some(key) = parse_key(&self.registry, kv.key())
+                    && let Some(object) = decode(&key, rev(kv.mod_revision()), kv.value())
+                {
+                    items.push(object);
+                }
+            }
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => break,
+            }
+        }
+        Ok((items, rv))
+    }
+}
+
+/// The compare of an Update or Delete: the expected resourceVersion, or
+/// that the key exists.
+fn precondition(key: &str, expected: Option<Rv>) -> Compare {
+    match expected {
+        Some(rv) => Compare::mod_revision(key, CompareOp::Equal, etcd_rev(rv)),
+        None => Compare::create_revision(key, CompareOp::Greater, 0),
+    }
+}
+
+/// Why a transaction was refused, from the keys read in its failure
+/// branch (at the same revision the compares were evaluated at): the first
+/// op whose precondition failed, else the fencing term.
+fn refusal(ops: &[Op], term: Option<&Term>, answers: &[TxnOpResponse]) -> StoreError {
+    let current = |i: usize| -> Option<Rv> {
+        match answers.get(i) {
+            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| rev(kv.mod_revision())),
+            _ => None,
+        }
+    };
+    for (i, op) in ops.iter().enumerate() {
+        let key = op.key().clone();
+        match (op, current(i)) {
+            (Op::Create { .. }, Some(_)) => return StoreError::AlreadyExists(key),
+            (Op::Update { .. } | Op::Delete { .. }, None) => return StoreError::NotFound(key),
+            (
+                Op::Update {
+                    expected: Some(expected),
+                    ..
+                }
+                | Op::Delete {
+                    expected: Some(expected),
+                    ..
+                },
+                Some(current),
+            ) if *expected != current => {
+                return StoreError::Conflict {
+                    key,
+                    expected: *expected,
+                    current,
+                };
+            }
+            _ => {}
+        }
+    }
+    match term {
+        Some(term) => StoreError::Fenced(term.revision),
+        None => {
+            StoreError::Storage("etcd refused the transaction, yet every precondition holds".into())
+        }
+    }
+}
+
+/// The object's JSON as stored: without `metadata.resourceVersion`.
+fn encode(value: &Value) -> Result<Vec<u8>, StoreError> {
+    let mut value = value.clone();
+    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.shift_remove("resourceVersion");
+    }
+    serde_json::to_vec(&value).map_err(|e| StoreError::Storage(format!("encoding: {e}")))
+}
+
+/// The key after every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+fn parse_key(registry: &str, raw: &[u8]) -> Option<Key> {
+    let key = std::str::from_utf8(raw).ok()?.strip_prefix(registry)?;
+    Key::decode(key)
+}
+
+/// Every object under `registry`, at `at` or the latest revision, and the
+/// revision.
+async fn load(
+    client: &Client,
+    registry: &str,
+    at: Option<Rv>,
+) -> Result<(BTreeMap<Key, Stored>, Rv), StoreError> {
+    let mut client = client.clone();
+    let end = prefix_end(registry.as_bytes());
+    let mut start = registry.as_bytes().to_vec();
+    let mut objects = BTreeMap::new();
+    let mut revision = at.unwrap_or(0);
+    loop {
+        let mut options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(LOAD_PAGE);
+        if revision > 0 {
+            options = options.with_revision(etcd_rev(revision));
+        }
+        let page = client
+            .get(start.clone(), Some(options))
+            .await
+            .map_err(|e| etcd_error("loading", e))?;
+        if revision == 0 {
+            revision = header_rev(page.header());
+        }
+        for kv in page.kvs() {
+            match parse_key(registry, kv.key()) {
+                Some(key) => {
+                    objects.insert(
+                        key,
+                        Stored {
+                            rv: rev(kv.mod_revision()),
+                            bytes: kv.value().into(),
+                        },
+                    );
+                }
+                None => tracing::warn!(
+                    key = %String::from_utf8_lossy(kv.key()),
+                    "etcd store: a key under the prefix that is not an object's is skipped"
+                ),
+            }
+        }
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                start = last.key().to_vec();
+                start.push(0);
+            }
+            _ => break,
+        }
+    }
+    Ok((objects, revision))
+}
+
+/// How a watch stream ended.
+enum Ended {
+    /// etcd compacted past where the watch was: relist.
+    Compacted,
+}
+
+/// Feeds the cache from one etcd watch for as long as the store lives.
+async fn follow(
+    client: Client,
+    registry: String,
+    cache: Arc<Cache>,
+    loaded: Rv,
+    progress: Duration,
+) {
+    let mut last = loaded;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match watch_once(&client, &registry, &cache, &mut last, progress).await {
+            Ok(Ended::Compacted) => {
+                tracing::warn!(
+                    revision = last,
+                    "etcd store: the watch fell behind a compaction; relisting"
+                );
+                match load(&client, &registry, None).await {
+                    Ok((objects, rv)) => {
+                        cache.reset(objects, rv);
+                        last = rv;
+                        backoff = Duration::from_millis(100);
+                        continue;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "etcd store: relisting"),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, revision = last, "etcd store: the watch broke; resuming");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn watch_once(
+    client: &Client,
+    registry: &str,
+    cache: &Cache,
+    last: &mut Rv,
+    progress: Duration,
+) -> Result<Ended, StoreError> {
+    let mut client = client.clone();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(etcd_rev(*last + 1))
+        .with_prev_key()
+        .with_progress_notify();
+    let stream = client
+        .watch(registry, Some(options))
+        .await
+        .map_err(|e| etcd_error("watching", e))?;
+    let (mut requests, mut responses) = stream.split();
+    let mut tick = tokio::time::interval(progress.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            message = responses.message() => {
+                let Some(response) = message.map_err(|e| etcd_error("watching", e))? else {
+                    return Err(StoreError::Storage("etcd closed the watch".into()));
+                };
+                if response.canceled() {
+                    if response.compact_revision() > 0 {
+                        return Ok(Ended::Compacted);
+                    }
+                    return Err(StoreError::Storage(format!(
+                        "etcd cancelled the watch: {}",
+                        response.cancel_reason()
+                    )));
+                }
+                if response.created() && response.events().is_empty() {
+                    continue;
+                }
+                if response.events().is_empty() {
+                    // A progress notification: nothing under the prefix
+                    // changed up to its revision.
+                    cache.advance(header_rev(response.header()));
+                    continue;
+                }
+                let mut changes = Vec::with_capacity(response.events().len());
+                let mut top = *last;
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let Some(key) = parse_key(registry, kv.key()) else { continue };
+                    let at = rev(kv.mod_revision());
+                    top = top.max(at);
+                    let change = match event.event_type() {
+                        etcd_client::EventType::Put => Change {
+                            kind: if kv.version() == 1 {
+                                EventType::Added
+                            } else {
+                                EventType::Modified
+                            },
+                            key,
+                            rv: at,
+                            bytes: kv.value().into(),
+                            value: None,
+                        },
+                        etcd_client::EventType::Delete => {
+                            let bytes: Arc<[u8]> = match event.prev_kv() {
+                                Some(prev) => prev.value().into(),
+                                None => serde_json::to_vec(&serde_json::json!({
+                                    "metadata": {"name": key.name, "namespace": key.namespace}
+                                }))
+                                .unwrap_or_default()
+                                .into(),
+                            };
+                            Change {
+                                kind: EventType::Deleted,
+                                key,
+                                rv: at,
+                                bytes,
+                                value: None,
+                            }
+                        }
+                    };
+                    changes.push(change);
+                }
+                cache.apply(changes, top);
+                *last = top;
+            }
+            _ = tick.tick() => {
+                requests
+                    .request_progress()
+                    .await
+                    .map_err(|e| etcd_error("requesting watch progress", e))?;
+            }
+        }
+    }
+}
+
+/// kube-apiserver's compactor: every `interval`, compact to the revision
+/// the previous run saw, unless another replica ran in between (the
+/// compactor key's version is the shared clock).
+async fn compactor(client: Client, key: String, interval: Duration) {
+    let mut clock = 0;
+    let mut last = 0;
+    let mut tick = tokio::time::interval(interval);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match compact_once(&client, &key, clock, last).await {
+            Ok((c, r)) => (clock, last) = (c, r),
+            Err(e) => tracing::warn!(error = %e, "etcd store: compacting"),
+        }
+    }
+}
+
+async fn compact_once(
+    client: &Client,
+    key: &str,
+    clock: i64,
+    last: i64,
+) -> Result<(i64, i64), StoreError> {
+    let mut client = client.clone();
+    let txn = Txn::new()
+        .when(vec![Compare::version(key, CompareOp::Equal, clock)])
+        .and_then(vec![TxnOp::put(key, last.to_string(), None)])
+        .or_else(vec![TxnOp::get(key, None)]);
+    let response = client
+        .txn(txn)
+        .await
+        .map_err(|e| etcd_error("compaction clock", e))?;
+    let current = response.header().map(|h| h.revision()).unwrap_or(0);
+    if !response.succeeded() {
+        let version = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| kv.version()),
+            _ => None,
+        }
+        .unwrap_or(0);
+        return Ok((version, current));
+    }
+    if last > 0 {
+        match client.compact(last, None).await {
+            Ok(_) => tracing::info!(revision = last, "etcd store: compacted"),
+            Err(e) if is_compacted(&e) => {}
+            Err(e) => return Err(etcd_error("compacting", e)),
+        }
+    }
+    Ok((clock + 1, current))
+}
+
+impl Store for EtcdStore {
+    fn get(&self, key: &Key) -> Option<Object> {
+        self.cache.get(key)
+    }
+
+    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
+        self.cache.list(resource, namespace)
+    }
+
+    fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        Box::pin(self.commit_in(ops, None))
+    }
+
+    fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<Rv>,
+    ) -> Result<Watch, StoreError> {
+        self.cache.watch(resource, namespace, since)
+    }
+
+    fn revision(&self) -> Rv {
+        self.cache.revision()
+    }
+
+    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
+        let resource = resource.to_string();
+        let namespace = namespace.map(str::to_string);
+        Box::pin(async move { self.list_at_rv(&resource, namespace.as_deref(), rv).await })
+    }
+
+    fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {
+        Arc::new(Fenced { store: self, term })
+    }
+}
+
+/// An [`EtcdStore`] whose commits also require a leadership term.
+struct Fenced {
+    store: Arc<EtcdStore>,
+    term: Term,
+}
+
+impl Store for Fenced {
+    fn get(&self, key: &Key) -> Option<Object> {
+        self.store.get(key)
+    }
+
+    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
+        self.store.list(resource, namespace)
+    }
+
+    fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        Box::pin(self.store.commit_in(ops, Some(&self.term)))
+    }
+
+    fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<Rv>,
+    ) -> Result<Watch, StoreError> {
+        self.store.watch(resource, namespace, since)
+    }
+
+    fn revision(&self) -> Rv {
+        self.store.revision()
+    }
+
+    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
+        self.store.list_at(resource, namespace, rv)
+    }
+
+    fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {
+        Arc::new(Fenced {
+            store: self.store.clone(),
+            term,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::store::suite::{self, JOBS, create, key, next};
+
+    /// A cluster of `members`, or `None` (printed) when etcd is missing and
+    /// not required.
+    fn cluster(members: usize) -> Option<(tempfile::TempDir, LocalEtcd)> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let etcd = LocalEtcd::start_or_skip(members, dir.path()).expect("etcd starts")?;
+        Some((dir, etcd))
+    }
+
+    async fn open(etcd: &LocalEtcd, prefix: &str) -> Arc<EtcdStore> {
+        let config = EtcdConfig {
+            endpoints: etcd.endpoints(),
+            prefix: prefix.to_string(),
+            ..EtcdConfig::default()
+        };
+        let options = EtcdOptions {
+            compaction_interval: Duration::ZERO,
+            progress_interval: Duration::from_millis(100),
+            commit_timeout: Duration::from_secs(10),
+        };
+        EtcdStore::open_with(&config, 1000, options)
+            .await
+            .expect("open")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_store_suite_passes_on_etcd() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let n = AtomicUsize::new(0);
+        let etcd = &etcd;
+        let n = &n;
+        suite::run_all(|| async move {
+            open(
+                etcd,
+                &format!("/suite{}/", n.fetch_add(1, Ordering::Relaxed)),
+            )
+            .await
+        })
+        .await;
+        let store = open(etcd, "/compaction/").await;
+        suite::a_compacted_version_is_gone(&*store, |rv| {
+            let store = store.clone();
+            async move { store.compact(rv).await.expect("compact") }
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn objects_are_stored_as_kube_apiserver_stores_them() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/layout").await;
+        let mut value = suite::job("a");
+        value["metadata"]["resourceVersion"] = "123".into();
+        let rv = store
+            .commit(vec![Op::Create {
+                key: key("a"),
+                value,
+            }])
+            .await
+            .expect("create")[0]
+            .rv;
+        let mut client = store.client();
+        let raw = client
+            .get(
+                "/layout/registry/trainer.kubeflow.org/trainjobs|default|a",
+                None,
+            )
+            .await
+            .expect("get");
+        let kv = raw.kvs().first().expect("the object's key");
+        assert_eq!(
+            rev(kv.mod_revision()),
+            rv,
+            "resourceVersion is mod_revision"
+        );
+        let stored: Value = serde_json::from_slice(kv.value()).expect("JSON");
+        assert!(
+            stored["metadata"].get("resourceVersion").is_none(),
+            "the resourceVersion is not stored: {stored}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn continue_pages_read_at_their_revision_until_compacted() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/pages/").await;
+        for name in ["a", "b", "c"] {
+            store.commit(vec![create(name)]).await.expect("create");
+        }
+        let at = store.revision();
+        store
+            .commit(vec![Op::Delete {
+                key: key("b"),
+                expected: None,
+            }])
+            .await
+            .expect("delete b");
+        store.commit(vec![create("d")]).await.expect("create d");
+        let names = |items: &[Object]| -> Vec<String> {
+            items.iter().map(|o| o.key.name.clone()).collect()
+        };
+        let (then, rv) = store
+            .list_at(JOBS, Some("default"), at)
+            .await
+            .expect("list at");
+        assert_eq!(
+            (names(&then), rv),
+            (vec!["a".into(), "b".into(), "c".into()], at)
+        );
+        assert_eq!(
+            then[1].value["metadata"]["resourceVersion"],
+            (at - 1).to_string()
+        );
+        let (now, _) = store
+            .list_at(JOBS, None, store.revision())
+            .await
+            .expect("list now");
+        assert_eq!(names(&now), ["a", "c", "d"]);
+        store.compact(store.revision()).await.expect("compact");
+        assert!(matches!(
+            store.list_at(JOBS, Some("default"), at).await,
+            Err(StoreError::Gone { .. })
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fenced_commit_fails_once_another_replica_leads() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/fence/").await;
+        let mut client = store.client();
+        let first = client.lease_grant(60, None).await.expect("lease").id();
+        let campaign = client
+            .campaign("/fence/leader", "r1", first)
+            .await
+            .expect("campaign");
+        let leader = campaign.leader().expect("leader key");
+        let term = Term {
+            key: String::from_utf8(leader.key().to_vec()).expect("utf-8"),
+            revision: rev(leader.rev()),
+        };
+        let fenced = store.clone().fenced(term.clone());
+        fenced
+            .commit(vec![create("a")])
+            .await
+            .expect("the leader writes");
+        assert_eq!(
+            fenced.commit(vec![create("a")]).await.unwrap_err(),
+            StoreError::AlreadyExists(key("a")),
+            "other refusals are reported as they are"
+        );
+        client.lease_revoke(first).await.expect("revoke");
+        let second = client.lease_grant(60, None).await.expect("lease").id();
+        client
+            .campaign("/fence/leader", "r2", second)
+            .await
+            .expect("another replica leads");
+        assert_eq!(
+            fenced.commit(vec![create("b")]).await.unwrap_err(),
+            StoreError::Fenced(term.revision)
+        );
+        assert!(store.get(&key("b")).is_none());
+        // A view fenced by the current term writes again.
+        store
+            .commit(vec![create("c")])
+            .await
+            .expect("unfenced writes go on");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_replicas_see_each_others_writes_in_order() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let a = open(&etcd, "/two/").await;
+        let b = open(&etcd, "/two/").await;
+        let mut watch = b.watch(JOBS, None, Some(b.revision())).expect("watch");
+        let mut written = Vec::new();
+        for i in 0..20 {
+            let name = format!("j{i:02}");
+            written.push((
+                name.clone(),
+                a.commit(vec![create(&name)]).await.expect("create")[0].rv,
+            ));
+        }
+        for (name, rv) in &written {
+            assert_eq!(
+                next(&mut watch).await,
+                (EventType::Added, name.clone(), *rv)
+            );
+        }
+        assert_eq!(b.list(JOBS, None).0.len(), 20);
+        assert!(b.get(&key("j19")).is_some());
+        // And back: b writes, a reads it once its watch shows it.
+        let mut watch = a.watch(JOBS, None, None).expect("watch a");
+        let rv = b
+            .commit(vec![Op::Delete {
+                key: key("j00"),
+                expected: Some(written[0].1),
+            }])
+            .await
+            .expect("delete through b")[0]
+            .rv;
+        assert_eq!(
+            next(&mut watch).await,
+            (EventType::Deleted, "j00".into(), rv)
+        );
+        assert!(a.get(&key("j00")).is_none());
+        assert!(a.revision() >= rv);
+        // A replica opened now serves from its load on.
+        let c = open(&etcd, "/two/").await;
+        assert_eq!(c.list(JOBS, None).0.len(), 19);
+        assert!(c.watch(JOBS, None, Some(c.revision())).is_ok());
+        assert!(matches!(
+            c.watch(JOBS, None, Some(written[0].1)),
+            Err(StoreError::Gone { .. })
+        ));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn progress_moves_an_idle_replica_forward() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/progress/").await;
+        let before = store.revision();
+        // A write outside the prefix moves etcd's revision, not the objects.
+        let mut client = store.client();
+        let other = client.put("/elsewhere", "x", None).await.expect("put");
+        let target = header_rev(other.header());
+        assert!(target > before);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.revision() < target {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no progress within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_and_watches_go_on_when_a_member_is_killed() {
+        let Some((_dir, mut etcd)) = cluster(3) else {
+            return;
+        };
+        let store = open(&etcd, "/kill/").await;
+        let mut watch = store.watch(JOBS, None, None).expect("watch");
+        let mut written = Vec::new();
+        for i in 0..10 {
+            if i == 5 {
+                etcd.kill(0);
+            }
+            let name = format!("j{i}");
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            let rv = loop {
+                match store.commit(vec![create(&name)]).await {
+                    Ok(objects) => break objects[0].rv,
+                    // Answered by etcd before the connection dropped.
+                    Err(StoreError::AlreadyExists(_)) => {
+                        break store.get(&key(&name)).expect("written").rv;
+                    }
+                    Err(e) => {
+                        assert!(
+                            tokio::time::Instant::now() < deadline,
+                            "commit {name} still failing after 20 s: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            };
+            written.push((name, rv));
+        }
+        for (name, rv) in written {
+            assert_eq!(next(&mut watch).await, (EventType::Added, name, rv));
+        }
     }
 }

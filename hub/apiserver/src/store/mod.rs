@@ -13,8 +13,11 @@
 //!   history still holds it ([`StoreError::Gone`] otherwise), then follow
 //!   live.
 
+mod cache;
 pub mod etcd;
 mod redb;
+#[cfg(test)]
+mod suite;
 
 use std::fmt;
 use std::future::Future;
@@ -193,6 +196,27 @@ pub struct Term {
 pub type CommitFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Object>, StoreError>> + Send + 'a>>;
 
+pub type ListFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<(Vec<Object>, Rv), StoreError>> + Send + 'a>>;
+
+/// Refuses a write the store could not read back: an object nested deeper
+/// than [`STORE_READABLE_DEPTH`](crate::limits::STORE_READABLE_DEPTH). The
+/// API refuses far less deep objects first; this guards every other writer.
+pub(crate) fn readable(ops: &[Op]) -> Result<(), StoreError> {
+    use crate::limits::STORE_READABLE_DEPTH;
+    for op in ops {
+        if let Op::Create { key, value } | Op::Update { key, value, .. } | Op::Put { key, value } =
+            op
+            && crate::limits::depth(value) > STORE_READABLE_DEPTH
+        {
+            return Err(StoreError::Storage(format!(
+                "{key}: the object is nested more than {STORE_READABLE_DEPTH} levels deep, more than the store can read back"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A watch: the events to replay, then the live feed.
 pub struct Watch {
     /// Events after the requested resourceVersion, oldest first.
@@ -241,6 +265,18 @@ pub trait Store: Send + Sync + 'static {
 
     /// The latest committed resourceVersion.
     fn revision(&self) -> Rv;
+
+    /// Objects of `resource` (in `namespace`, or all) as they were at
+    /// resourceVersion `rv`, sorted by key: the pages after the first of a
+    /// paged list (kube-apiserver's continue tokens). etcd reads at that
+    /// revision ([`StoreError::Gone`] once it is compacted); a store that
+    /// keeps no old versions (redb) answers from its latest state, as this
+    /// default does.
+    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
+        let _ = rv;
+        let latest = self.list(resource, namespace);
+        Box::pin(async move { Ok(latest) })
+    }
 
     /// This store, its commits fenced by `term`: each commit also checks
     /// that the term is current and fails with [`StoreError::Fenced`] once

@@ -9,21 +9,22 @@
 //!   writer thread, the single serialisation point, so they are exact.
 //! - The resourceVersion counter and the watch history are stored in the same
 //!   transaction as the objects, so both survive restarts.
+//!
+//! Reads are served from the shared watch cache ([`super::cache`]), which
+//! holds each object as the JSON the file holds.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::mpsc;
-use std::sync::{Arc, RwLock};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 
-use crate::limits::STORE_READABLE_DEPTH;
-
+use super::cache::{Cache, Change, Stored, decode, set_rv};
 use super::{
-    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Term, Watch,
-    matches_scope,
+    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Term, Watch, readable,
 };
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -33,26 +34,17 @@ const META_RV: &str = "rv";
 
 /// Requests taken into one transaction at most.
 const MAX_BATCH: usize = 4096;
-/// Live events a watcher may lag behind before its watch is ended.
-const LIVE_BUFFER: usize = 65_536;
 
 struct Request {
     ops: Vec<Op>,
     reply: oneshot::Sender<Result<Vec<Object>, StoreError>>,
 }
 
-struct State {
-    objects: BTreeMap<Key, Object>,
-    rv: Rv,
-    history: VecDeque<Arc<Event>>,
-}
-
 /// The embedded, crash-safe store.
 pub struct RedbStore {
-    state: Arc<RwLock<State>>,
+    cache: Arc<Cache>,
     writer: Option<mpsc::Sender<Request>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    live: broadcast::Sender<Arc<Event>>,
 }
 
 impl Drop for RedbStore {
@@ -71,21 +63,17 @@ impl RedbStore {
     /// for watch resumption.
     pub fn open(path: &Path, history: usize) -> Result<Self, StoreError> {
         let db = Database::create(path).map_err(storage)?;
-        let state = load(&db)?;
-        let state = Arc::new(RwLock::new(state));
-        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        let cache = Arc::new(load(&db, history.max(1))?);
         let (writer, requests) = mpsc::channel();
-        let writer_state = state.clone();
-        let writer_live = live.clone();
+        let writer_cache = cache.clone();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || write_loop(db, writer_state, writer_live, requests, history.max(1)))
+            .spawn(move || write_loop(db, writer_cache, requests, history.max(1)))
             .map_err(|e| StoreError::Storage(format!("starting the writer: {e}")))?;
         Ok(RedbStore {
-            state,
+            cache,
             writer: Some(writer),
             thread: Some(thread),
-            live,
         })
     }
 
@@ -94,15 +82,7 @@ impl RedbStore {
     /// [`StoreError::Gone`] (410 Expired), and the client must relist. Only
     /// the in-memory history goes; after a reopen the persisted one is back.
     pub fn compact(&self) {
-        self.state
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .history
-            .clear();
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        self.cache.compact(Rv::MAX);
     }
 }
 
@@ -110,7 +90,7 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
-fn load(db: &Database) -> Result<State, StoreError> {
+fn load(db: &Database, history_cap: usize) -> Result<Cache, StoreError> {
     let txn = db.begin_write().map_err(storage)?;
     // Make sure the tables exist, so that reads of a new file succeed.
     {
@@ -139,12 +119,11 @@ fn load(db: &Database) -> Result<State, StoreError> {
         let key = Key::decode(k.value())
             .ok_or_else(|| StoreError::Storage(format!("bad key {:?}", k.value())))?;
         let value: Value = serde_json::from_slice(v.value()).map_err(storage)?;
-        let object = Object {
+        let stored = Stored {
             rv: object_rv(&value),
-            key: key.clone(),
-            value: Arc::new(value),
+            bytes: v.value().into(),
         };
-        objects.insert(key, object);
+        objects.insert(key, stored);
     }
     let mut history = VecDeque::new();
     for entry in read
@@ -154,13 +133,24 @@ fn load(db: &Database) -> Result<State, StoreError> {
         .map_err(storage)?
     {
         let (rv, bytes) = entry.map_err(storage)?;
-        history.push_back(Arc::new(decode_event(rv.value(), bytes.value())?));
+        let event = decode_event(rv.value(), bytes.value())?;
+        let key = event.object.key;
+        // The latest event of an object shares the object's bytes.
+        let bytes = match objects.get(&key) {
+            Some(stored) if stored.rv == event.object.rv => stored.bytes.clone(),
+            _ => serde_json::to_vec(&*event.object.value)
+                .map_err(storage)?
+                .into(),
+        };
+        history.push_back(Change {
+            kind: event.kind,
+            key,
+            rv: event.object.rv,
+            bytes,
+            value: None,
+        });
     }
-    Ok(State {
-        objects,
-        rv,
-        history,
-    })
+    Ok(Cache::new(objects, rv, history, history_cap))
 }
 
 fn object_rv(value: &Value) -> Rv {
@@ -169,34 +159,6 @@ fn object_rv(value: &Value) -> Rv {
         .and_then(Value::as_str)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
-}
-
-fn set_rv(value: &mut Value, rv: Rv) {
-    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
-    } else if let Some(obj) = value.as_object_mut() {
-        obj.insert(
-            "metadata".into(),
-            serde_json::json!({ "resourceVersion": rv.to_string() }),
-        );
-    }
-}
-
-/// Refuses a write the store could not read back after a restart: an object
-/// nested deeper than [`STORE_READABLE_DEPTH`]. The API refuses far less
-/// deep objects first; this guards every other writer.
-fn readable(ops: &[Op]) -> Result<(), StoreError> {
-    for op in ops {
-        if let Op::Create { key, value } | Op::Update { key, value, .. } | Op::Put { key, value } =
-            op
-            && crate::limits::depth(value) > STORE_READABLE_DEPTH
-        {
-            return Err(StoreError::Storage(format!(
-                "{key}: the object is nested more than {STORE_READABLE_DEPTH} levels deep, more than the store can read back"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// `{"type": ..., "key": ..., "object": ...}` around the object's JSON,
@@ -245,13 +207,7 @@ struct Staged {
     results: Vec<Object>,
 }
 
-fn write_loop(
-    db: Database,
-    state: Arc<RwLock<State>>,
-    live: broadcast::Sender<Arc<Event>>,
-    requests: mpsc::Receiver<Request>,
-    history: usize,
-) {
+fn write_loop(db: Database, cache: Arc<Cache>, requests: mpsc::Receiver<Request>, history: usize) {
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -262,49 +218,33 @@ fn write_loop(
         }
 
         // Stage every request against the state plus the requests before it.
-        let (mut rv, mut overlay) = {
-            let s = state.read().unwrap_or_else(|p| p.into_inner());
-            (s.rv, BTreeMap::<Key, Option<Object>>::new())
-        };
+        // The writer is the cache's only writer, so its revision is ours.
+        let (mut rv, mut overlay) = (cache.revision(), BTreeMap::<Key, Option<Object>>::new());
         let mut outcomes: Vec<Result<Staged, StoreError>> = Vec::with_capacity(batch.len());
-        {
-            let s = state.read().unwrap_or_else(|p| p.into_inner());
-            for request in &mut batch {
-                let ops = std::mem::take(&mut request.ops);
-                let outcome = stage(&s.objects, &mut overlay, &mut rv, ops);
-                outcomes.push(outcome);
-            }
+        for request in &mut batch {
+            let ops = std::mem::take(&mut request.ops);
+            let outcome = stage(&cache, &mut overlay, &mut rv, ops);
+            outcomes.push(outcome);
         }
 
         let committed = persist(&db, &outcomes, rv, history);
         match committed {
-            Ok(()) => {
-                let mut s = state.write().unwrap_or_else(|p| p.into_inner());
+            Ok(encoded) => {
+                let mut encoded = encoded.into_iter();
+                let mut changes = Vec::new();
                 for staged in outcomes.iter().flatten() {
                     for event in &staged.events {
-                        match event.kind {
-                            EventType::Deleted => {
-                                s.objects.remove(&event.object.key);
-                            }
-                            _ => {
-                                s.objects
-                                    .insert(event.object.key.clone(), event.object.clone());
-                            }
-                        }
-                        s.history.push_back(event.clone());
+                        let Some(bytes) = encoded.next() else { break };
+                        changes.push(Change {
+                            kind: event.kind,
+                            key: event.object.key.clone(),
+                            rv: event.object.rv,
+                            bytes,
+                            value: Some(event.object.value.clone()),
+                        });
                     }
                 }
-                s.rv = rv;
-                while s.history.len() > history {
-                    s.history.pop_front();
-                }
-                drop(s);
-                for staged in outcomes.iter().flatten() {
-                    for event in &staged.events {
-                        // No receiver is fine: nobody watches.
-                        let _ = live.send(event.clone());
-                    }
-                }
+                cache.apply(changes, rv);
                 for (request, outcome) in batch.into_iter().zip(outcomes) {
                     let _ = request.reply.send(outcome.map(|s| s.results));
                 }
@@ -322,7 +262,7 @@ fn write_loop(
 /// Checks and applies one request's ops to the overlay; on any failure the
 /// overlay and `rv` are left as they were.
 fn stage(
-    objects: &BTreeMap<Key, Object>,
+    cache: &Cache,
     overlay: &mut BTreeMap<Key, Option<Object>>,
     rv: &mut Rv,
     ops: Vec<Op>,
@@ -340,7 +280,14 @@ fn stage(
             Some((_, o)) => o.clone(),
             None => match overlay.get(&key) {
                 Some(o) => o.clone(),
-                None => objects.get(&key).cloned(),
+                None => match cache.stored(&key) {
+                    Some(stored) => {
+                        Some(decode(&key, stored.rv, &stored.bytes).ok_or_else(|| {
+                            StoreError::Storage(format!("{key}: the stored object does not decode"))
+                        })?)
+                    }
+                    None => None,
+                },
             },
         };
         let check = |expected: &Option<Rv>| -> Result<Object, StoreError> {
@@ -434,14 +381,16 @@ fn stage(
     Ok(Staged { events, results })
 }
 
+/// Writes the staged events; returns each event's object JSON, in order.
 fn persist(
     db: &Database,
     outcomes: &[Result<Staged, StoreError>],
     rv: Rv,
     history: usize,
-) -> Result<(), StoreError> {
+) -> Result<Vec<Arc<[u8]>>, StoreError> {
+    let mut encoded = Vec::new();
     if outcomes.iter().all(Result::is_err) {
-        return Ok(());
+        return Ok(encoded);
     }
     let txn = db.begin_write().map_err(storage)?;
     {
@@ -465,6 +414,7 @@ fn persist(
                 events
                     .insert(event.object.rv, bytes.as_slice())
                     .map_err(storage)?;
+                encoded.push(object_json.into());
             }
         }
         // Keep the newest `history` events.
@@ -477,25 +427,17 @@ fn persist(
             .insert(META_RV, rv)
             .map_err(storage)?;
     }
-    txn.commit().map_err(storage)
+    txn.commit().map_err(storage)?;
+    Ok(encoded)
 }
 
 impl Store for RedbStore {
     fn get(&self, key: &Key) -> Option<Object> {
-        self.read().objects.get(key).cloned()
+        self.cache.get(key)
     }
 
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
-        let s = self.read();
-        let start = Key::new(resource, namespace, "");
-        let items = s
-            .objects
-            .range(start..)
-            .take_while(|(k, _)| k.resource == resource)
-            .filter(|(k, _)| matches_scope(k, resource, namespace))
-            .map(|(_, o)| o.clone())
-            .collect();
-        (items, s.rv)
+        self.cache.list(resource, namespace)
     }
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
@@ -521,39 +463,11 @@ impl Store for RedbStore {
         namespace: Option<&str>,
         since: Option<Rv>,
     ) -> Result<Watch, StoreError> {
-        // Subscribe before reading the history so no event falls between.
-        let live = self.live.subscribe();
-        let s = self.read();
-        let replay = match since {
-            None => Vec::new(),
-            Some(since) if since >= s.rv => Vec::new(),
-            Some(since) => {
-                let oldest = s.history.front().map(|e| e.object.rv).unwrap_or(s.rv + 1);
-                if since + 1 < oldest {
-                    return Err(StoreError::Gone {
-                        requested: since,
-                        oldest,
-                    });
-                }
-                s.history
-                    .iter()
-                    .filter(|e| e.object.rv > since)
-                    .filter(|e| matches_scope(&e.object.key, resource, namespace))
-                    .cloned()
-                    .collect()
-            }
-        };
-        Ok(Watch {
-            replay,
-            live,
-            replayed_up_to: s.rv,
-            resource: resource.to_string(),
-            namespace: namespace.map(str::to_string),
-        })
+        self.cache.watch(resource, namespace, since)
     }
 
     fn revision(&self) -> Rv {
-        self.read().rv
+        self.cache.revision()
     }
 
     fn fenced(self: Arc<Self>, _term: Term) -> Arc<dyn Store> {
@@ -564,6 +478,34 @@ impl Store for RedbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::STORE_READABLE_DEPTH;
+    use crate::store::suite;
+
+    /// A store in its own directory (the store is dropped first).
+    struct Temp {
+        store: RedbStore,
+        _dir: tempfile::TempDir,
+    }
+
+    impl std::ops::Deref for Temp {
+        type Target = RedbStore;
+        fn deref(&self) -> &RedbStore {
+            &self.store
+        }
+    }
+
+    async fn temp() -> Temp {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 1000).expect("open");
+        Temp { store, _dir: dir }
+    }
+
+    #[tokio::test]
+    async fn the_store_suite_passes_on_redb() {
+        suite::run_all(temp).await;
+        let store = temp().await;
+        suite::a_compacted_version_is_gone(&*store, |_| async { store.compact() }).await;
+    }
 
     fn key(name: &str) -> Key {
         Key::new("trainer.kubeflow.org/trainjobs", Some("default"), name)

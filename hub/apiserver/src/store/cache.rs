@@ -1,0 +1,416 @@
+//! The watch cache both stores serve reads from: an index of every object,
+//! the recent history of changes, and the live feed of watches.
+//!
+//! Objects and history are held as their encoded JSON (shared between an
+//! object and its latest event) and decoded on read; a bounded cache of
+//! decoded objects keeps the reads of hot objects (the dispatch path reads
+//! what was just written) from decoding again. A decoded value carries
+//! `metadata.resourceVersion` stamped from the entry's revision, so what is
+//! encoded need not hold it (etcd's values do not).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::{Event, EventType, Key, Object, Rv, StoreError, Watch, matches_scope};
+
+/// Live events a watcher may lag behind before its watch is ended.
+const LIVE_BUFFER: usize = 65_536;
+/// Decoded objects kept for reads.
+const DECODED: u64 = 4096;
+
+/// An object as the cache holds it.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub rv: Rv,
+    /// The object's JSON.
+    pub bytes: Arc<[u8]>,
+}
+
+/// One change, as the history holds it. For a deletion, `bytes` is the
+/// object's last state and `rv` the deletion's revision.
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    pub kind: EventType,
+    pub key: Key,
+    pub rv: Rv,
+    pub bytes: Arc<[u8]>,
+    /// The decoded object with `rv` stamped, when the writer has it at hand
+    /// (saves decoding it for the live feed and for the next read).
+    pub value: Option<Arc<Value>>,
+}
+
+struct State {
+    objects: BTreeMap<Key, Stored>,
+    /// The revision reads are consistent at: the last applied change, or a
+    /// later revision the source reported as complete.
+    rv: Rv,
+    history: VecDeque<Change>,
+    live: broadcast::Sender<Arc<Event>>,
+}
+
+/// The in-memory side of a store. Writers (one per store) call
+/// [`Cache::apply`] in revision order; readers never block writers for long.
+pub(crate) struct Cache {
+    state: RwLock<State>,
+    history_cap: usize,
+    decoded: moka::sync::Cache<Key, (Rv, Arc<Value>)>,
+    /// The revision of the last applied change (or the load), for
+    /// [`Cache::wait_for`].
+    seen: tokio::sync::watch::Sender<Rv>,
+}
+
+impl Cache {
+    /// A cache holding `objects` at `rv`, with `history` (oldest first)
+    /// kept up to `history_cap` changes.
+    pub fn new(
+        objects: BTreeMap<Key, Stored>,
+        rv: Rv,
+        history: VecDeque<Change>,
+        history_cap: usize,
+    ) -> Self {
+        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        let mut history = history;
+        for change in &mut history {
+            change.value = None;
+        }
+        Cache {
+            state: RwLock::new(State {
+                objects,
+                rv,
+                history,
+                live,
+            }),
+            history_cap: history_cap.max(1),
+            decoded: moka::sync::Cache::new(DECODED),
+            seen: tokio::sync::watch::Sender::new(rv),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The object at `key` as stored (not decoded): for checking
+    /// preconditions.
+    pub fn stored(&self, key: &Key) -> Option<Stored> {
+        self.read().objects.get(key).cloned()
+    }
+
+    pub fn revision(&self) -> Rv {
+        self.read().rv
+    }
+
+    /// Applies changes (in revision order, all newer than what was applied
+    /// before) and moves the cache to `rv`, then feeds the live watches.
+    pub fn apply(&self, changes: Vec<Change>, rv: Rv) {
+        let mut s = self.write();
+        let mut events = Vec::new();
+        let watched = s.live.receiver_count() > 0;
+        for mut change in changes {
+            match change.kind {
+                EventType::Deleted => {
+                    s.objects.remove(&change.key);
+                    self.decoded.invalidate(&change.key);
+                }
+                _ => {
+                    s.objects.insert(
+                        change.key.clone(),
+                        Stored {
+                            rv: change.rv,
+                            bytes: change.bytes.clone(),
+                        },
+                    );
+                    match &change.value {
+                        Some(value) => self
+                            .decoded
+                            .insert(change.key.clone(), (change.rv, value.clone())),
+                        None => self.decoded.invalidate(&change.key),
+                    }
+                }
+            }
+            if watched {
+                let value = match change.value.take() {
+                    Some(v) => Some(v),
+                    None => decode(&change.key, change.rv, &change.bytes).map(|o| o.value),
+                };
+                if let Some(value) = value {
+                    events.push(Arc::new(Event {
+                        kind: change.kind,
+                        object: Object {
+                            key: change.key.clone(),
+                            rv: change.rv,
+                            value,
+                        },
+                    }));
+                }
+            }
+            change.value = None;
+            // A change the source reports late (below a revision it said was
+            // complete) still lands in revision order.
+            let at = s.history.partition_point(|c| c.rv <= change.rv);
+            s.history.insert(at, change);
+        }
+        while s.history.len() > self.history_cap {
+            s.history.pop_front();
+        }
+        s.rv = s.rv.max(rv);
+        for event in events {
+            // No receiver is fine: nobody watches.
+            let _ = s.live.send(event);
+        }
+        drop(s);
+        // What was applied, not what a progress report claimed: a commit
+        // waits for its own changes.
+        self.seen.send_if_modified(|seen| {
+            let moved = rv > *seen;
+            *seen = (*seen).max(rv);
+            moved
+        });
+    }
+
+    /// Moves the cache's revision to `rv` without a change (the source says
+    /// nothing happened up to `rv`), so lists and bookmarks carry it.
+    pub fn advance(&self, rv: Rv) {
+        let mut s = self.write();
+        s.rv = s.rv.max(rv);
+    }
+
+    /// Replaces everything with a fresh load at `rv` (a relist): the history
+    /// is forgotten, so watches from before get [`StoreError::Gone`], and
+    /// the live watches are ended (their clients resume, get Gone, and
+    /// relist).
+    pub fn reset(&self, objects: BTreeMap<Key, Stored>, rv: Rv) {
+        let mut s = self.write();
+        s.objects = objects;
+        s.history.clear();
+        s.rv = rv;
+        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        s.live = live;
+        drop(s);
+        self.decoded.invalidate_all();
+        self.seen.send_if_modified(|seen| {
+            let moved = rv > *seen;
+            *seen = (*seen).max(rv);
+            moved
+        });
+    }
+
+    /// Forgets the history at and below `rv` (all of it when `rv` is the
+    /// latest): watches from there get [`StoreError::Gone`].
+    pub fn compact(&self, rv: Rv) {
+        let mut s = self.write();
+        while s.history.front().is_some_and(|c| c.rv <= rv) {
+            s.history.pop_front();
+        }
+    }
+
+    /// Waits until the cache has applied revision `rv`.
+    ///
+    /// # Errors
+    /// [`StoreError::Storage`] when it has not within `timeout`.
+    pub async fn wait_for(&self, rv: Rv, timeout: Duration) -> Result<(), StoreError> {
+        let mut seen = self.seen.subscribe();
+        match tokio::time::timeout(timeout, seen.wait_for(|s| *s >= rv)).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(StoreError::Storage(format!(
+                "the watch cache has not reached revision {rv} within {timeout:?} (it is at {})",
+                *self.seen.borrow()
+            ))),
+        }
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Object> {
+        let stored = self.read().objects.get(key).cloned()?;
+        self.object(key, stored)
+    }
+
+    fn object(&self, key: &Key, stored: Stored) -> Option<Object> {
+        if let Some((rv, value)) = self.decoded.get(key)
+            && rv == stored.rv
+        {
+            return Some(Object {
+                key: key.clone(),
+                rv,
+                value,
+            });
+        }
+        let object = decode(key, stored.rv, &stored.bytes)?;
+        self.decoded
+            .insert(key.clone(), (object.rv, object.value.clone()));
+        Some(object)
+    }
+
+    pub fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
+        let (entries, rv) = {
+            let s = self.read();
+            let start = Key::new(resource, namespace, "");
+            let entries: Vec<(Key, Stored)> = s
+                .objects
+                .range(start..)
+                .take_while(|(k, _)| k.resource == resource)
+                .take_while(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+                .map(|(k, o)| (k.clone(), o.clone()))
+                .collect();
+            (entries, s.rv)
+        };
+        let items = entries
+            .into_iter()
+            .filter_map(|(k, stored)| {
+                // Lists decode without filling the hot cache: a list of
+                // every object would only evict the objects in use.
+                match self.decoded.get(&k) {
+                    Some((rv, value)) if rv == stored.rv => Some(Object { key: k, rv, value }),
+                    _ => decode(&k, stored.rv, &stored.bytes),
+                }
+            })
+            .collect();
+        (items, rv)
+    }
+
+    pub fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<Rv>,
+    ) -> Result<Watch, StoreError> {
+        let s = self.read();
+        // Subscribed under the lock, so no event falls between the replay
+        // and the live feed.
+        let live = s.live.subscribe();
+        let replay = match since {
+            None => Vec::new(),
+            Some(since) if since >= s.rv => Vec::new(),
+            Some(since) => {
+                let oldest = s.history.front().map(|c| c.rv).unwrap_or(s.rv + 1);
+                if since + 1 < oldest {
+                    return Err(StoreError::Gone {
+                        requested: since,
+                        oldest,
+                    });
+                }
+                let start = s.history.partition_point(|c| c.rv <= since);
+                s.history
+                    .range(start..)
+                    .filter(|c| matches_scope(&c.key, resource, namespace))
+                    .filter_map(|c| {
+                        let object = decode(&c.key, c.rv, &c.bytes)?;
+                        Some(Arc::new(Event {
+                            kind: c.kind,
+                            object,
+                        }))
+                    })
+                    .collect()
+            }
+        };
+        Ok(Watch {
+            replay,
+            live,
+            replayed_up_to: s.rv,
+            resource: resource.to_string(),
+            namespace: namespace.map(str::to_string),
+        })
+    }
+}
+
+/// The object in `bytes`, its resourceVersion stamped from `rv`. `None`
+/// (logged) for bytes that are not a JSON object: a foreign writer's.
+pub(crate) fn decode(key: &Key, rv: Rv, bytes: &[u8]) -> Option<Object> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(mut value) => {
+            set_rv(&mut value, rv);
+            Some(Object {
+                key: key.clone(),
+                rv,
+                value: Arc::new(value),
+            })
+        }
+        Err(e) => {
+            tracing::error!(%key, rv, error = %e, "store: an object that does not decode is skipped");
+            None
+        }
+    }
+}
+
+/// Sets `metadata.resourceVersion` to `rv`.
+pub(crate) fn set_rv(value: &mut Value, rv: Rv) {
+    if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+    } else if let Some(obj) = value.as_object_mut() {
+        obj.insert(
+            "metadata".into(),
+            serde_json::json!({ "resourceVersion": rv.to_string() }),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn change(kind: EventType, name: &str, rv: Rv, spec: i64) -> Change {
+        let value = serde_json::json!({"metadata": {"name": name}, "spec": spec});
+        Change {
+            kind,
+            key: Key::new("r", Some("ns"), name),
+            rv,
+            bytes: serde_json::to_vec(&value).unwrap_or_default().into(),
+            value: None,
+        }
+    }
+
+    #[test]
+    fn reads_decode_with_the_revision_stamped_and_history_replays_in_order() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        cache.apply(vec![change(EventType::Added, "a", 1, 1)], 1);
+        cache.apply(vec![change(EventType::Modified, "a", 2, 2)], 2);
+        cache.apply(vec![change(EventType::Added, "b", 4, 3)], 4);
+        let a = cache.get(&Key::new("r", Some("ns"), "a")).expect("a");
+        assert_eq!(a.value["metadata"]["resourceVersion"], "2");
+        assert_eq!(a.value["spec"], 2);
+        // A change reported late lands in revision order.
+        cache.apply(vec![change(EventType::Deleted, "c", 3, 0)], 3);
+        assert_eq!(cache.revision(), 4);
+        let watch = cache.watch("r", None, Some(1)).expect("watch");
+        let rvs: Vec<_> = watch.replay.iter().map(|e| e.object.rv).collect();
+        assert_eq!(rvs, [2, 3, 4]);
+        cache.compact(2);
+        assert!(matches!(
+            cache.watch("r", None, Some(1)),
+            Err(StoreError::Gone { .. })
+        ));
+        let (items, rv) = cache.list("r", Some("ns"));
+        assert_eq!((items.len(), rv), (2, 4));
+    }
+
+    #[tokio::test]
+    async fn a_reset_ends_live_watches_and_forgets_the_history() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        cache.apply(vec![change(EventType::Added, "a", 1, 1)], 1);
+        let mut watch = cache.watch("r", None, Some(0)).expect("watch");
+        cache.reset(BTreeMap::new(), 5);
+        assert!(matches!(
+            watch.live.recv().await,
+            Err(broadcast::error::RecvError::Closed)
+        ));
+        assert!(matches!(
+            cache.watch("r", None, Some(1)),
+            Err(StoreError::Gone { .. })
+        ));
+        cache
+            .wait_for(5, Duration::from_millis(10))
+            .await
+            .expect("the reset's revision counts as seen");
+        assert!(
+            cache.wait_for(6, Duration::from_millis(10)).await.is_err(),
+            "a revision not reached times out"
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! The behaviour every [`Store`] owes its callers, as tests over
+//! `&dyn Store`: the redb and the etcd store both run them.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{EventType, Key, Op, Rv, Store, StoreError, Watch};
+use crate::limits::STORE_READABLE_DEPTH;
+
+pub(crate) const JOBS: &str = "trainer.kubeflow.org/trainjobs";
+
+pub(crate) fn key(name: &str) -> Key {
+    Key::new(JOBS, Some("default"), name)
+}
+
+pub(crate) fn job(name: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "default"}})
+}
+
+pub(crate) fn create(name: &str) -> Op {
+    Op::Create {
+        key: key(name),
+        value: job(name),
+    }
+}
+
+/// The next live event of `watch` in its scope, within 10 s.
+pub(crate) async fn next(watch: &mut Watch) -> (EventType, String, Rv) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let event = tokio::time::timeout_at(deadline, watch.live.recv())
+            .await
+            .expect("an event within 10 s")
+            .expect("the live feed is open");
+        if watch.matches(&event) && event.object.rv > watch.replayed_up_to {
+            return (event.kind, event.object.key.name.clone(), event.object.rv);
+        }
+    }
+}
+
+pub(crate) async fn preconditions_are_exact(store: &dyn Store) {
+    let a = store.commit(vec![create("a")]).await.expect("create");
+    let rv = a[0].rv;
+    assert_eq!(
+        a[0].value["metadata"]["resourceVersion"],
+        rv.to_string(),
+        "the answer carries its resourceVersion"
+    );
+    assert_eq!(
+        store.commit(vec![create("a")]).await.unwrap_err(),
+        StoreError::AlreadyExists(key("a"))
+    );
+    assert_eq!(
+        store
+            .commit(vec![Op::Update {
+                key: key("a"),
+                value: job("a"),
+                expected: Some(rv + 100),
+            }])
+            .await
+            .unwrap_err(),
+        StoreError::Conflict {
+            key: key("a"),
+            expected: rv + 100,
+            current: rv,
+        }
+    );
+    assert_eq!(
+        store
+            .commit(vec![Op::Delete {
+                key: key("zz"),
+                expected: None,
+            }])
+            .await
+            .unwrap_err(),
+        StoreError::NotFound(key("zz"))
+    );
+    assert_eq!(
+        store
+            .commit(vec![Op::Update {
+                key: key("zz"),
+                value: job("zz"),
+                expected: None,
+            }])
+            .await
+            .unwrap_err(),
+        StoreError::NotFound(key("zz"))
+    );
+    // An atomic pair where the second fails writes nothing, and the error
+    // names the failing key.
+    let err = store
+        .commit(vec![create("b"), create("a")])
+        .await
+        .unwrap_err();
+    assert_eq!(err, StoreError::AlreadyExists(key("a")));
+    assert!(store.get(&key("b")).is_none());
+    assert_eq!(store.revision(), rv);
+    // The expected version passes.
+    let updated = store
+        .commit(vec![Op::Update {
+            key: key("a"),
+            value: json!({"metadata": {"name": "a", "namespace": "default", "resourceVersion": "1"}, "spec": 2}),
+            expected: Some(rv),
+        }])
+        .await
+        .expect("update at the expected version");
+    assert!(updated[0].rv > rv);
+    let read = store.get(&key("a")).expect("a");
+    assert_eq!(read.rv, updated[0].rv, "a replica reads what it wrote");
+    assert_eq!(read.value["spec"], 2);
+    assert_eq!(
+        read.value["metadata"]["resourceVersion"],
+        updated[0].rv.to_string()
+    );
+    let deleted = store
+        .commit(vec![Op::Delete {
+            key: key("a"),
+            expected: Some(updated[0].rv),
+        }])
+        .await
+        .expect("delete at the expected version");
+    assert_eq!(
+        deleted[0].value["spec"], 2,
+        "a deletion answers the last state"
+    );
+    assert!(store.get(&key("a")).is_none());
+}
+
+pub(crate) async fn put_and_remove_are_unconditional(store: &dyn Store) {
+    let mut watch = store.watch(JOBS, None, None).expect("watch");
+    let put = |v: Value| Op::Put {
+        key: key("a"),
+        value: v,
+    };
+    store.commit(vec![put(job("a"))]).await.expect("put new");
+    let mut replaced = job("a");
+    replaced["spec"] = json!({"x": 1});
+    store.commit(vec![put(replaced)]).await.expect("put again");
+    assert_eq!(store.get(&key("a")).expect("a").value["spec"]["x"], 1);
+    let none = store
+        .commit(vec![Op::Remove { key: key("zz") }])
+        .await
+        .expect("remove absent");
+    assert!(none.is_empty(), "removing an absent key writes nothing");
+    let removed = store
+        .commit(vec![Op::Remove { key: key("a") }])
+        .await
+        .expect("remove a");
+    assert_eq!(removed.len(), 1);
+    assert!(store.get(&key("a")).is_none());
+    let mut kinds = Vec::new();
+    let mut last = 0;
+    for _ in 0..3 {
+        let (kind, _, rv) = next(&mut watch).await;
+        assert!(rv > last, "live events come in resourceVersion order");
+        last = rv;
+        kinds.push(kind);
+    }
+    assert_eq!(
+        kinds,
+        [EventType::Added, EventType::Modified, EventType::Deleted]
+    );
+    assert_eq!(store.revision(), last);
+}
+
+pub(crate) async fn watches_replay_then_follow(store: &dyn Store) {
+    let a = store.commit(vec![create("a")]).await.expect("a")[0].rv;
+    let b = store.commit(vec![create("b")]).await.expect("b")[0].rv;
+    // Another resource and namespace stay out of the watch.
+    store
+        .commit(vec![Op::Create {
+            key: Key::new("pods", Some("default"), "p"),
+            value: job("p"),
+        }])
+        .await
+        .expect("pod");
+    store
+        .commit(vec![Op::Create {
+            key: Key::new(JOBS, Some("other"), "o"),
+            value: job("o"),
+        }])
+        .await
+        .expect("other namespace");
+    let gone = store
+        .commit(vec![Op::Delete {
+            key: key("a"),
+            expected: None,
+        }])
+        .await
+        .expect("delete a")[0]
+        .rv;
+    let mut watch = store.watch(JOBS, Some("default"), Some(a)).expect("watch");
+    let replay: Vec<_> = watch
+        .replay
+        .iter()
+        .map(|e| (e.kind, e.object.key.name.clone(), e.object.rv))
+        .collect();
+    assert_eq!(
+        replay,
+        [
+            (EventType::Added, "b".to_string(), b),
+            (EventType::Deleted, "a".to_string(), gone)
+        ]
+    );
+    assert_eq!(
+        watch.replay[1].object.value["metadata"]["resourceVersion"],
+        gone.to_string(),
+        "a deletion carries the deletion's resourceVersion"
+    );
+    let c = store.commit(vec![create("c")]).await.expect("c")[0].rv;
+    assert_eq!(next(&mut watch).await, (EventType::Added, "c".into(), c));
+    let (items, rv) = store.list(JOBS, Some("default"));
+    let names: Vec<_> = items.iter().map(|o| o.key.name.as_str()).collect();
+    assert_eq!(names, ["b", "c"]);
+    assert!(rv >= c);
+    assert_eq!(store.list(JOBS, None).0.len(), 3);
+}
+
+/// `compact` makes every resourceVersion before the latest too old.
+pub(crate) async fn a_compacted_version_is_gone<F, Fut>(store: &dyn Store, compact: F)
+where
+    F: FnOnce(Rv) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let first = store.commit(vec![create("a")]).await.expect("a")[0].rv;
+    for name in ["b", "c", "d"] {
+        store.commit(vec![create(name)]).await.expect("create");
+    }
+    compact(store.revision()).await;
+    assert!(matches!(
+        store.watch(JOBS, None, Some(first)),
+        Err(StoreError::Gone { .. })
+    ));
+    let now = store
+        .watch(JOBS, None, Some(store.revision()))
+        .expect("the latest version is never gone");
+    assert!(now.replay.is_empty());
+}
+
+pub(crate) async fn values_read_back_exactly(store: &dyn Store) {
+    let numbers = json!([
+        8.053220295982734e151,
+        -4.0463105740735334e246,
+        0.1,
+        1e-300,
+        u64::MAX,
+        i64::MIN
+    ]);
+    let mut value = job("n");
+    value["spec"] = numbers.clone();
+    value["metadata"]["labels"] = json!({"z": "1", "a": "2"});
+    store
+        .commit(vec![Op::Create {
+            key: key("n"),
+            value: value.clone(),
+        }])
+        .await
+        .expect("create");
+    let read = store.get(&key("n")).expect("n");
+    assert_eq!(read.value["spec"], numbers);
+    let labels: Vec<_> = read.value["metadata"]["labels"]
+        .as_object()
+        .expect("labels")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(labels, ["z", "a"], "key order is kept");
+
+    let mut spec = Value::from(1);
+    for _ in 1..STORE_READABLE_DEPTH {
+        spec = Value::Array(vec![spec]);
+    }
+    let mut deepest = job("deepest");
+    deepest["spec"] = spec.clone();
+    assert_eq!(crate::limits::depth(&deepest), STORE_READABLE_DEPTH);
+    store
+        .commit(vec![Op::Create {
+            key: key("deepest"),
+            value: deepest,
+        }])
+        .await
+        .expect("the deepest readable object is stored");
+    assert_eq!(
+        crate::limits::depth(&store.get(&key("deepest")).expect("deepest").value),
+        STORE_READABLE_DEPTH
+    );
+    let mut deeper = job("deeper");
+    deeper["spec"] = Value::Array(vec![spec]);
+    let e = store
+        .commit(vec![Op::Put {
+            key: key("deeper"),
+            value: deeper,
+        }])
+        .await
+        .expect_err("one level more is refused");
+    assert!(
+        e.to_string().contains("more than the store can read back"),
+        "{e}"
+    );
+}
+
+pub(crate) async fn keys_that_would_read_back_as_others_are_refused(store: &dyn Store) {
+    let before = store.revision();
+    for bad in [
+        Key::new(JOBS, Some("a|b"), "c"),
+        Key::new(JOBS, Some("a"), "b|c"),
+        Key::new(JOBS, Some("a"), "b/c"),
+        Key::new(JOBS, Some("a/b"), "c"),
+    ] {
+        let e = store
+            .commit(vec![Op::Create {
+                key: bad.clone(),
+                value: job("c"),
+            }])
+            .await
+            .unwrap_err();
+        assert_eq!(e, StoreError::InvalidKey(bad));
+    }
+    let e = store
+        .commit(vec![
+            create("ok"),
+            Op::Put {
+                key: Key::new("pods", Some("x|y"), "p"),
+                value: job("p"),
+            },
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::InvalidKey(_)), "{e}");
+    assert!(store.get(&key("ok")).is_none());
+    assert_eq!(store.revision(), before);
+}
+
+/// Every behaviour above but compaction, each on a fresh store from `open`.
+pub(crate) async fn run_all<F, Fut, S>(open: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = S>,
+    S: std::ops::Deref,
+    S::Target: Store + Sized,
+{
+    preconditions_are_exact(&*open().await).await;
+    put_and_remove_are_unconditional(&*open().await).await;
+    watches_replay_then_follow(&*open().await).await;
+    values_read_back_exactly(&*open().await).await;
+    keys_that_would_read_back_as_others_are_refused(&*open().await).await;
+}

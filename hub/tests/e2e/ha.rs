@@ -1,0 +1,887 @@
+//! Several hub replicas on a real 3-member etcd (`LocalEtcd`): `trainhub
+//! serve --storage-backend etcd3` processes and external `trainspoke`
+//! processes that list every replica. One replica leads; followers serve
+//! the API; spokes follow the leader; a leader that dies is replaced and
+//! its spokes' runs go on.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
+use trainhub_apiserver::pki::PemDir;
+use trainhub_apiserver::store::etcd::LocalEtcd;
+
+use crate::common::{free_port, plugin_cache, tail, trainspoke_binary, wait_for};
+
+/// Short election timings, so failover takes seconds.
+const ELECTION: [&str; 6] = [
+    "--leader-elect-lease-duration",
+    "3s",
+    "--leader-elect-renew-deadline",
+    "2s",
+    "--leader-elect-retry-period",
+    "500ms",
+];
+
+/// One `trainhub serve` replica; SIGKILLed when dropped.
+struct Replica {
+    /// SIGSTOPped: it answers nothing until SIGCONT.
+    stopped: bool,
+    api: u16,
+    grpc: u16,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    child: Option<Child>,
+}
+
+impl Replica {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("hub.log")).unwrap_or_default()
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&mut self, signal: &str) {
+        if let Some(child) = self.child.as_ref() {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+        }
+    }
+
+    fn kill(&mut self) {
+        self.signal("-KILL");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+
+    /// A metric's value on this replica's /metrics.
+    fn metric(&self, name: &str) -> Option<f64> {
+        let out = self.kubectl(&["get", "--raw", "/metrics"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--request-timeout", "10s"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("kubectl is installed")
+    }
+
+    fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--request-timeout", "10s"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl is installed");
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes());
+        }
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// Whether this replica says it leads (`trainhub_leader 1` on /metrics).
+    fn leads(&self) -> Option<bool> {
+        self.child.as_ref()?;
+        let out = self.kubectl(&["get", "--raw", "/metrics"]);
+        if !out.status.success() {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with("trainhub_leader "))?;
+        Some(line.trim_end().ends_with(" 1"))
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `trainspoke` process; SIGKILLed when dropped.
+struct Spoke {
+    name: String,
+    work_dir: PathBuf,
+    log: PathBuf,
+    child: Child,
+}
+
+impl Spoke {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The run directories (`<jobset>-<generation>`) the spoke started for
+    /// `job` in namespace default.
+    fn runs_of(&self, job: &str) -> Vec<String> {
+        std::fs::read_dir(self.work_dir.join("default"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| {
+                        n.strip_prefix(job)
+                            .and_then(|rest| rest.strip_prefix('-'))
+                            .is_some_and(|g| g.chars().all(|c| c.is_ascii_digit()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Spoke {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// etcd, the PKI and the replicas of one test.
+struct Ha {
+    dir: tempfile::TempDir,
+    etcd: LocalEtcd,
+    pki: PemDir,
+    replicas: Vec<Replica>,
+    spokes: Vec<Spoke>,
+}
+
+impl Ha {
+    /// `n` replicas on a fresh 3-member etcd; None when etcd is missing
+    /// (and `TRAINHUB_REQUIRE_ETCD` unset).
+    fn start(n: usize) -> Option<Ha> {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let etcd = LocalEtcd::start_or_skip(3, &dir.path().join("etcd")).unwrap()?;
+        let pki = PemDir::new(dir.path().join("pki"));
+        let ca = pki.load_or_create_ca("trainhub-ha-test-ca").unwrap();
+        let issued = ca
+            .issue_server(
+                "trainhub",
+                &["localhost"],
+                &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+            )
+            .unwrap();
+        pki.write("hub", &issued).unwrap();
+        let token = "ha-admin-token";
+        std::fs::write(
+            dir.path().join("tokens.csv"),
+            format!("{token},admin,admin,\"system:masters\"\n"),
+        )
+        .unwrap();
+        let mut ha = Ha {
+            dir,
+            etcd,
+            pki,
+            replicas: Vec::new(),
+            spokes: Vec::new(),
+        };
+        for i in 0..n {
+            let (api, grpc) = (free_port(), free_port());
+            let rdir = ha.dir.path().join(format!("replica-{i}"));
+            std::fs::create_dir_all(&rdir).unwrap();
+            let kubeconfig = rdir.join("kubeconfig");
+            Kubeconfig::write(
+                &kubeconfig,
+                &KubeconfigParams {
+                    cluster_name: format!("ha-{i}"),
+                    server_url: format!("https://127.0.0.1:{api}"),
+                    ca_pem: ca.cert_pem().to_string(),
+                    user_name: "admin".into(),
+                    token: Some(token.into()),
+                    client_cert_pem: None,
+                    client_key_pem: None,
+                    namespace: Some("default".into()),
+                },
+            )
+            .unwrap();
+            ha.replicas.push(Replica {
+                stopped: false,
+                api,
+                grpc,
+                dir: rdir,
+                kubeconfig,
+                child: None,
+            });
+            ha.launch(i);
+        }
+        Some(ha)
+    }
+
+    fn launch(&mut self, i: usize) {
+        let endpoints = self.etcd.endpoints().join(",");
+        let pki = &self.pki;
+        let tokens = self.dir.path().join("tokens.csv");
+        let r = &mut self.replicas[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(r.dir.join("hub.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_trainhub"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(r.dir.join("data"))
+            .args(["--listen", &format!("127.0.0.1:{}", r.api)])
+            .args(["--grpc-listen", &format!("127.0.0.1:{}", r.grpc)])
+            .arg("--tls-cert-file")
+            .arg(pki.cert_path("hub"))
+            .arg("--tls-private-key-file")
+            .arg(pki.key_path("hub"))
+            .arg("--client-ca-file")
+            .arg(pki.cert_path("ca"))
+            .arg("--spoke-ca-file")
+            .arg(pki.cert_path("ca"))
+            .arg("--token-auth-file")
+            .arg(&tokens)
+            .args(["--storage-backend", "etcd3", "--etcd-servers", &endpoints])
+            .args(ELECTION)
+            .env("TRAINHUB_PLUGIN_CACHE_DIR", plugin_cache())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting trainhub serve");
+        r.child = Some(child);
+    }
+
+    /// Starts a `trainspoke` that lists the replicas' gRPC endpoints in
+    /// `order`.
+    fn spoke(&mut self, name: &str, order: &[usize]) {
+        let ca = self.pki.load_or_create_ca("trainhub-ha-test-ca").unwrap();
+        let issued = ca
+            .issue_client(name, &[trainhub::grpc::SPOKE_GROUP])
+            .unwrap();
+        self.pki.write(name, &issued).unwrap();
+        let hubs: Vec<String> = order
+            .iter()
+            .map(|&i| format!("https://127.0.0.1:{}", self.replicas[i].grpc))
+            .collect();
+        let work_dir = self.dir.path().join("spokes").join(name);
+        let log = self.dir.path().join(format!("{name}.log"));
+        let child = Command::new(trainspoke_binary())
+            .args(["--hub", &hubs.join(",")])
+            .arg("--ca")
+            .arg(self.pki.cert_path("ca"))
+            .arg("--cert")
+            .arg(self.pki.cert_path(name))
+            .arg("--key")
+            .arg(self.pki.key_path(name))
+            .arg("--work-dir")
+            .arg(&work_dir)
+            .args(["--label", &format!("name={name}")])
+            .args(["--capacity", "cpu=64,memory=64Gi"])
+            .args(["--heartbeat-seconds", "1", "--run-as-user", "none"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting trainspoke");
+        self.spokes.push(Spoke {
+            name: name.to_string(),
+            work_dir,
+            log,
+            child,
+        });
+    }
+
+    fn logs(&self) -> String {
+        let mut text = String::new();
+        for (i, r) in self.replicas.iter().enumerate() {
+            text.push_str(&format!("\n--- replica {i} log:\n{}", tail(&r.log(), 30)));
+        }
+        for s in &self.spokes {
+            text.push_str(&format!("\n--- {} log:\n{}", s.name, tail(&s.log(), 20)));
+        }
+        text
+    }
+
+    /// Waits until exactly one live replica leads and the others answer
+    /// as followers; returns its index.
+    async fn leader(&self, within: Duration) -> usize {
+        wait_for(
+            "exactly one leader",
+            within,
+            || self.logs(),
+            || {
+                let roles: Vec<(usize, Option<bool>)> = self
+                    .replicas
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.child.is_some() && !r.stopped)
+                    .map(|(i, r)| (i, r.leads()))
+                    .collect();
+                if roles.iter().any(|(_, r)| r.is_none()) {
+                    return None;
+                }
+                let leaders: Vec<usize> = roles
+                    .iter()
+                    .filter(|(_, r)| *r == Some(true))
+                    .map(|(i, _)| *i)
+                    .collect();
+                assert!(leaders.len() <= 1, "two replicas lead at once: {leaders:?}");
+                leaders.first().copied()
+            },
+        )
+        .await
+    }
+
+    /// Any live replica other than `not`.
+    fn other(&self, not: usize) -> &Replica {
+        self.replicas
+            .iter()
+            .enumerate()
+            .find(|(i, r)| *i != not && r.child.is_some() && !r.stopped)
+            .map(|(_, r)| r)
+            .expect("another live replica")
+    }
+}
+
+fn trainjob(name: &str, script: &str) -> String {
+    json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "runtimeRef": {"name": "python-distributed"},
+            "trainer": {"numNodes": 1, "command": ["sh", "-c", script]}
+        }
+    })
+    .to_string()
+}
+
+/// The TrainJobs (by name) that replica `r` lists, with whether each is
+/// Complete.
+fn trainjobs(r: &Replica) -> Option<BTreeMap<String, bool>> {
+    let out = r.kubectl(&["get", "trainjobs", "-o", "json"]);
+    if !out.status.success() {
+        return None;
+    }
+    let list: Value = serde_json::from_slice(&out.stdout).ok()?;
+    Some(
+        list["items"]
+            .as_array()?
+            .iter()
+            .map(|j| {
+                let complete = j["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Complete" && c["status"] == "True")
+                });
+                (
+                    j["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    complete,
+                )
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_leads_a_follower_serves_creates_lists_and_watches_and_spokes_follow_the_leader()
+ {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let leader = ha.leader(Duration::from_secs(60)).await;
+    let follower = 1 - leader;
+    // The follower first: it refuses the spoke and names the leader.
+    ha.spoke("spoke-a", &[follower, leader]);
+
+    // A watch on the follower, from before the create.
+    let watch_out = ha.dir.path().join("watch.txt");
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&ha.replicas[follower].kubeconfig)
+        .args([
+            "get",
+            "trainjobs",
+            "--watch",
+            "-o",
+            "jsonpath={.metadata.name} {.status.conditions[*].type}{\"\\n\"}",
+        ])
+        .stdout(std::fs::File::create(&watch_out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let f = &ha.replicas[follower];
+    for (i, role) in [(follower, "role ok: follower"), (leader, "role ok: leader")] {
+        let out = ha.replicas[i].kubectl(&["get", "--raw", "/readyz?verbose"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(role),
+            "replica {i} is ready and says {role:?}: {text}"
+        );
+    }
+    let out = f.kubectl_stdin(&["create", "-f", "-"], &trainjob("hello", "echo hello"));
+    assert!(
+        out.status.success(),
+        "a follower serves creates: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ha.logs()
+    );
+    let listed = trainjobs(f).unwrap();
+    assert!(
+        listed.contains_key("hello"),
+        "the follower lists it: {listed:?}"
+    );
+    wait_for(
+        "hello Complete (read from the follower)",
+        Duration::from_secs(90),
+        || ha.logs(),
+        || {
+            trainjobs(&ha.replicas[follower])?
+                .get("hello")
+                .copied()
+                .filter(|c| *c)
+        },
+    )
+    .await;
+    wait_for(
+        "the follower's watch to see hello Complete",
+        Duration::from_secs(20),
+        || std::fs::read_to_string(&watch_out).unwrap_or_default(),
+        || {
+            std::fs::read_to_string(&watch_out)
+                .ok()?
+                .lines()
+                .any(|l| l.starts_with("hello ") && l.contains("Complete"))
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let spoke_log = ha.spokes[0].log();
+    assert!(
+        spoke_log.contains("does not lead: following it to the leader"),
+        "the spoke was sent from the follower to the leader:\n{}",
+        ha.logs()
+    );
+    assert_eq!(ha.spokes[0].runs_of("hello").len(), 1, "{}", ha.logs());
+    let follower_log = ha.replicas[follower].log();
+    assert!(
+        !follower_log.contains("spoke connected"),
+        "a follower holds no spoke session:\n{}",
+        tail(&follower_log, 40)
+    );
+    ha.etcd.kill(0);
+}
+
+/// A TrainJob that runs `seconds` with a marker in its command line (to
+/// find its processes).
+fn long_job(name: &str, seconds: u32) -> String {
+    trainjob(name, &format!("sleep {seconds}; echo ha-long-{name}"))
+}
+
+/// Live processes whose command line contains `needle`.
+fn processes_with(needle: &str) -> BTreeSet<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return BTreeSet::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            if pid == std::process::id() {
+                return None;
+            }
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let zombie = stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
+            (String::from_utf8_lossy(&cmdline).contains(needle) && !zombie).then_some(pid)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_and_running_jobs_keep_their_processes()
+ {
+    const CLIENTS: usize = 4;
+    const PER_CLIENT: usize = 55;
+    let Some(mut ha) = Ha::start(3) else {
+        return;
+    };
+    let leader = ha.leader(Duration::from_secs(60)).await;
+    ha.spoke("spoke-a", &[0, 1, 2]);
+    ha.spoke("spoke-b", &[2, 1, 0]);
+
+    // Two jobs running before the kill; their processes must survive it.
+    let via = ha.other(leader);
+    for name in ["long-a", "long-b"] {
+        let out = via.kubectl_stdin(&["create", "-f", "-"], &long_job(name, 45));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let before: BTreeMap<&str, BTreeSet<u32>> = wait_for(
+        "the long jobs' processes",
+        Duration::from_secs(60),
+        || ha.logs(),
+        || {
+            let pids: BTreeMap<&str, BTreeSet<u32>> = ["long-a", "long-b"]
+                .into_iter()
+                .map(|n| (n, processes_with(&format!("ha-long-{n}"))))
+                .collect();
+            pids.values().all(|p| !p.is_empty()).then_some(pids)
+        },
+    )
+    .await;
+
+    // Concurrent creates through every replica; the leader dies midway.
+    let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
+    let configs: Vec<PathBuf> = ha.replicas.iter().map(|r| r.kubeconfig.clone()).collect();
+    let mut clients = Vec::new();
+    for c in 0..CLIENTS {
+        let (acknowledged, configs) = (acknowledged.clone(), configs.clone());
+        clients.push(std::thread::spawn(move || {
+            for k in 0..PER_CLIENT {
+                let name = format!("burst-{c}-{k}");
+                // Each create goes to the next replica that answers.
+                for attempt in 0..configs.len() {
+                    let config = &configs[(c + k + attempt) % configs.len()];
+                    let out = {
+                        use std::io::Write as _;
+                        let mut child = Command::new("kubectl")
+                            .arg("--kubeconfig")
+                            .arg(config)
+                            .args(["--request-timeout", "5s", "create", "-f", "-"])
+                            .stdin(Stdio::piped())
+                            .stdout(Stdio::piped())
+                            .stderr(Stdio::piped())
+                            .spawn()
+                            .unwrap();
+                        if let Some(mut stdin) = child.stdin.take() {
+                            let _ = stdin.write_all(trainjob(&name, "true").as_bytes());
+                        }
+                        child.wait_with_output().unwrap()
+                    };
+                    let err = String::from_utf8_lossy(&out.stderr);
+                    if out.status.success() || err.contains("AlreadyExists") {
+                        acknowledged.lock().unwrap().insert(name.clone());
+                        break;
+                    }
+                }
+            }
+        }));
+    }
+    wait_for(
+        "a third of the creates",
+        Duration::from_secs(120),
+        || ha.logs(),
+        || (acknowledged.lock().unwrap().len() >= CLIENTS * PER_CLIENT / 3).then_some(()),
+    )
+    .await;
+    let killed_pid = ha.replicas[leader].pid();
+    ha.replicas[leader].kill();
+    let killed_at = Instant::now();
+    let new_leader = ha.leader(Duration::from_secs(30)).await;
+    assert_ne!(new_leader, leader);
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(20),
+        "a new leader led {:?} after the kill of {killed_pid:?}",
+        killed_at.elapsed()
+    );
+    // The runs going before the kill still run, as the same processes,
+    // once the spokes are with the new leader.
+    wait_for(
+        "both spokes connected to the new leader",
+        Duration::from_secs(20),
+        || ha.logs(),
+        || {
+            let log = ha.replicas[new_leader].log();
+            ha.spokes
+                .iter()
+                .all(|s| {
+                    log.contains(&format!("spoke=\"{}\"", s.name))
+                        || log.contains(&format!("spoke={}", s.name))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    for (name, pids) in &before {
+        let now = processes_with(&format!("ha-long-{name}"));
+        assert_eq!(
+            &now,
+            pids,
+            "{name}'s processes after the failover\n{}",
+            ha.logs()
+        );
+    }
+    for c in clients {
+        c.join().unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert!(
+        acknowledged.len() >= CLIENTS * PER_CLIENT * 9 / 10,
+        "most creates acknowledged: {}",
+        acknowledged.len()
+    );
+
+    // Every acknowledged create is stored, and every TrainJob completes.
+    let survivor = &ha.replicas[new_leader];
+    let all = wait_for(
+        "every TrainJob Complete",
+        Duration::from_secs(240),
+        || ha.logs(),
+        || {
+            let jobs = trainjobs(survivor)?;
+            jobs.values().all(|c| *c).then_some(jobs)
+        },
+    )
+    .await;
+    let missing: Vec<&String> = acknowledged
+        .iter()
+        .filter(|n| !all.contains_key(*n))
+        .collect();
+    assert!(missing.is_empty(), "acknowledged creates lost: {missing:?}");
+
+    // Placed once: one run directory per TrainJob across both spokes.
+    for name in all.keys() {
+        let runs: Vec<String> = ha
+            .spokes
+            .iter()
+            .flat_map(|s| {
+                s.runs_of(name)
+                    .into_iter()
+                    .map(move |r| format!("{}:{r}", s.name))
+            })
+            .collect();
+        assert_eq!(runs.len(), 1, "{name} ran {runs:?}\n{}", ha.logs());
+    }
+    // The long jobs ran once (above) and were never fenced.
+    for s in &ha.spokes {
+        assert!(!s.log().contains("FENCED"), "no run fenced:\n{}", ha.logs());
+    }
+    for name in before.keys() {
+        assert!(all.get(*name).copied().unwrap_or(false), "{name} Complete");
+    }
+}
+
+/// Creates `name` through `r` and fails with the logs if refused.
+fn create(ha: &Ha, r: &Replica, name: &str, script: &str) {
+    let out = r.kubectl_stdin(&["create", "-f", "-"], &trainjob(name, script));
+    assert!(
+        out.status.success(),
+        "creating {name}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        ha.logs()
+    );
+}
+
+async fn all_complete(ha: &Ha, via: usize, names: &[String], within: Duration) {
+    wait_for(
+        "the TrainJobs Complete",
+        within,
+        || ha.logs(),
+        || {
+            let jobs = trainjobs(&ha.replicas[via])?;
+            names
+                .iter()
+                .all(|n| jobs.get(n).copied().unwrap_or(false))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+fn assert_placed_once(ha: &Ha, names: &[String]) {
+    for name in names {
+        let runs: Vec<String> = ha
+            .spokes
+            .iter()
+            .flat_map(|s| {
+                s.runs_of(name)
+                    .into_iter()
+                    .map(move |r| format!("{}:{r}", s.name))
+            })
+            .collect();
+        assert_eq!(runs.len(), 1, "{name} ran {runs:?}\n{}", ha.logs());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_frozen_past_its_lease_is_replaced_steps_down_on_waking_and_places_nothing() {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let old = ha.leader(Duration::from_secs(60)).await;
+    let other = 1 - old;
+    ha.spoke("spoke-a", &[0, 1]);
+    ha.spoke("spoke-b", &[1, 0]);
+    let mut names: Vec<String> = Vec::new();
+    for i in 0..3 {
+        let name = format!("before-{i}");
+        create(&ha, &ha.replicas[other], &name, "echo before");
+        names.push(name);
+    }
+    create(
+        &ha,
+        &ha.replicas[other],
+        "long-c",
+        "sleep 20; echo ha-long-long-c",
+    );
+    names.push("long-c".into());
+    let pids = wait_for(
+        "long-c's processes",
+        Duration::from_secs(60),
+        || ha.logs(),
+        || {
+            let p = processes_with("ha-long-long-c");
+            (!p.is_empty()).then_some(p)
+        },
+    )
+    .await;
+    all_complete(&ha, other, &names[..3], Duration::from_secs(60)).await;
+
+    // Frozen past its lease (3 s): the other replica takes over.
+    ha.replicas[old].signal("-STOP");
+    ha.replicas[old].stopped = true;
+    let frozen_at = Instant::now();
+    let new = ha.leader(Duration::from_secs(20)).await;
+    assert_eq!(new, other);
+    eprintln!("a new leader {:?} after the freeze", frozen_at.elapsed());
+    assert_eq!(
+        processes_with("ha-long-long-c"),
+        pids,
+        "long-c runs on as the same processes\n{}",
+        ha.logs()
+    );
+    for i in 0..3 {
+        let name = format!("during-{i}");
+        create(&ha, &ha.replicas[new], &name, "echo during");
+        names.push(name);
+    }
+    all_complete(&ha, new, &names[4..], Duration::from_secs(60)).await;
+
+    // Woken: it notices, steps down, and its term writes nothing.
+    ha.replicas[old].signal("-CONT");
+    ha.replicas[old].stopped = false;
+    wait_for(
+        "the old leader to step down",
+        Duration::from_secs(10),
+        || ha.logs(),
+        || ha.replicas[old].leads().filter(|l| !*l).map(|_| ()),
+    )
+    .await;
+    assert_eq!(ha.leader(Duration::from_secs(10)).await, new);
+    let log = ha.replicas[old].log();
+    assert!(log.contains("stepped down"), "{}", tail(&log, 30));
+    let fenced = ha.replicas[old]
+        .metric("trainhub_fenced_writes_total")
+        .unwrap_or(0.0);
+    eprintln!("writes of the old term refused after waking: {fenced}");
+    for i in 0..2 {
+        let name = format!("after-{i}");
+        create(&ha, &ha.replicas[old], &name, "echo after");
+        names.push(name);
+    }
+    all_complete(&ha, new, &names, Duration::from_secs(60)).await;
+    assert!(
+        processes_with("ha-long-long-c").is_empty(),
+        "long-c finished (it was running as {pids:?})"
+    );
+    assert_placed_once(&ha, &names);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_etcd_member_killed_the_hub_keeps_serving_creates_and_dispatch() {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let leader = ha.leader(Duration::from_secs(60)).await;
+    ha.spoke("spoke-a", &[0, 1]);
+    let mut names = Vec::new();
+    create(&ha, &ha.replicas[1 - leader], "first", "echo first");
+    names.push("first".to_string());
+    all_complete(&ha, leader, &names, Duration::from_secs(60)).await;
+    ha.etcd.kill(0);
+    let mut refused = Vec::new();
+    for i in 0..6 {
+        let name = format!("degraded-{i}");
+        // Through both replicas: the follower's writes and the leader's.
+        let out = ha.replicas[i % 2]
+            .kubectl_stdin(&["create", "-f", "-"], &trainjob(&name, "echo degraded"));
+        if !out.status.success() {
+            refused.push(String::from_utf8_lossy(&out.stderr).into_owned());
+            create(&ha, &ha.replicas[i % 2], &name, "echo degraded");
+        }
+        names.push(name);
+    }
+    eprintln!("creates refused after the member died: {refused:?}");
+    all_complete(&ha, 1 - leader, &names, Duration::from_secs(90)).await;
+    assert_eq!(
+        ha.leader(Duration::from_secs(10)).await,
+        leader,
+        "the leader kept its term"
+    );
+    assert_placed_once(&ha, &names);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(etcd) = LocalEtcd::start_or_skip(1, &dir.path().join("etcd")).unwrap() else {
+        return;
+    };
+    let endpoints = etcd.endpoints().join(",");
+    let mut args = vec![
+        "--etcd-servers",
+        &endpoints,
+        "--replicas",
+        "2",
+        "--spokes",
+        "1",
+    ];
+    args.extend(ELECTION);
+    let hub = crate::common::DevHub::start_args(&args, |_| {});
+    hub.kubectl_stdin(
+        &["create", "-f", "-"],
+        Some(&trainjob("dev-ha", "echo dev-ha")),
+    );
+    crate::common::eventually("dev-ha Complete", &hub, Duration::from_secs(90), || {
+        let out = hub.kubectl(&["get", "trainjob", "dev-ha", "-o", "json"]);
+        let job: Value = serde_json::from_slice(&out.stdout).ok()?;
+        job["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Complete" && c["status"] == "True")
+            .then_some(())
+    })
+    .await;
+    let log = hub.log();
+    assert!(
+        log.contains("hub replica serving")
+            && log.matches("campaigning for leadership").count() == 2,
+        "two replicas campaigned:\n{}",
+        tail(&log, 40)
+    );
+    drop(hub);
+    drop(etcd);
+}
