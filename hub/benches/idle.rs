@@ -180,7 +180,7 @@ fn measure(pid: u32) -> String {
         status_kib(pid, "Threads:"),
     );
     let mut kinds: Vec<_> = by_kind.into_iter().filter(|(_, kib)| *kib > 0).collect();
-    kinds.sort_by(|a, b| b.1.cmp(&a.1));
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
     for (kind, kib) in kinds {
         out.push_str(&format!("  {:8.1} MiB  {kind}\n", mib(kib)));
     }
