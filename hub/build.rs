@@ -2,6 +2,7 @@
 //! the example and test plugins the tests load) with a nested cargo
 //! invocation for `wasm32-wasip2`, in its own target directory.
 
+use sha2::Digest as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -89,13 +90,17 @@ fn main() {
     let wasm_dir = target_dir.join("wasm32-wasip2").join("plugin");
     println!("cargo:rustc-env=TRAINHUB_WASM_DIR={}", wasm_dir.display());
     let mut generated = String::from(
-        "/// Built-in plugin components: (name, wasm bytes).\npub const BUILTIN_COMPONENTS: &[(&str, &[u8])] = &[\n",
+        "/// Built-in plugin components: (name, sha256 of the wasm, wasm bytes).\npub const BUILTIN_COMPONENTS: &[(&str, [u8; 32], &[u8])] = &[\n",
     );
     for name in BUILTINS {
         let file = wasm_dir.join(format!("trainhub_plugin_{name}.wasm"));
-        assert!(file.exists(), "missing {}", file.display());
+        let wasm =
+            std::fs::read(&file).unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        // Known at build time, so that a start with the compiled plugins
+        // cached does not read (and keep resident) the embedded bytes.
+        let digest: [u8; 32] = sha2::Sha256::digest(&wasm).into();
         generated.push_str(&format!(
-            "    ({name:?}, include_bytes!({:?})),\n",
+            "    ({name:?}, {digest:?}, include_bytes!({:?})),\n",
             file.display().to_string()
         ));
     }

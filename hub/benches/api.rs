@@ -46,6 +46,7 @@ async fn run(jobs: usize, concurrency: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
     let hub = Hub::open(support::hub_config(dir.path(), &pki, false)).expect("hub");
+    let store = hub.store.clone();
     hub.install(trainhub::hub::default_objects().expect("runtimes"))
         .await
         .expect("install");
@@ -125,8 +126,61 @@ async fn run(jobs: usize, concurrency: usize) {
         per_10k / 1048576.0,
         db as f64 / 1048576.0
     );
+    // What the store holds per TrainJob, by resource: objects and their
+    // JSON size (the store's own representation is larger in memory).
+    for resource in [
+        trainhub::api::TRAINJOBS,
+        trainhub::admission::RUNTIME_SNAPSHOTS,
+        trainhub::api::EVENTS,
+        trainhub::dispatch::PLACEMENTS,
+    ] {
+        let (objects, _) = store.list(resource, None);
+        let bytes: usize = objects
+            .iter()
+            .map(|o| serde_json::to_vec(&*o.value).map_or(0, |v| v.len()))
+            .sum();
+        println!(
+            "store: {resource}: {} objects, {:.1} MiB of JSON ({:.0} bytes each)",
+            objects.len(),
+            bytes as f64 / 1048576.0,
+            bytes as f64 / objects.len().max(1) as f64
+        );
+    }
+    // A list of every TrainJob, as a client relisting after a 410 or an
+    // informer starting does: in one response, and in pages of 500.
+    let api = support::trainjobs(dir.path(), addr, &ca).await;
+    let t = Instant::now();
+    let all = api.list(&Default::default()).await.expect("list");
+    let whole = t.elapsed();
+    let t = Instant::now();
+    let mut paged = 0;
+    let mut params = kube::api::ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await.expect("list page");
+        paged += page.items.len();
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    println!(
+        "list: {} TrainJobs in one response {:.0} ms; in pages of 500 {:.0} ms ({paged})",
+        all.items.len(),
+        ms(whole),
+        ms(t.elapsed())
+    );
+    drop((all, api));
     let _ = stop_tx.send(());
     let _ = serving.await;
+    drop(store);
+    // A restart: the store read back (every object decoded into memory).
+    let t = Instant::now();
+    let reopened = Hub::open(support::hub_config(dir.path(), &pki, false)).expect("hub reopens");
+    println!(
+        "restart: Hub::open with {} TrainJobs in the store: {:.2} s",
+        reopened.store.list(trainhub::api::TRAINJOBS, None).0.len(),
+        t.elapsed().as_secs_f64()
+    );
 }
 
 fn ms(d: Duration) -> f64 {

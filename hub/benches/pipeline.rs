@@ -63,7 +63,7 @@ fn main() {
         None => trainhub::builtin::load(&host).expect("built-ins"),
         Some(dir) => trainhub::builtin::BUILTIN_COMPONENTS
             .iter()
-            .map(|(name, _)| {
+            .map(|(name, _, _)| {
                 let path = PathBuf::from(&dir).join(format!("trainhub_plugin_{name}.wasm"));
                 let bytes = std::fs::read(&path).expect("component file");
                 host.load(name, &bytes, &serde_json::json!({}), Limits::default())

@@ -123,5 +123,15 @@ async fn run(spokes: usize, hold: Duration) {
         "spokes: CPU while idle (hub and {spokes} agents in this process): {:.3} cores",
         cpu.as_secs_f64() / idle.as_secs_f64()
     );
+    let rss_kib = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    println!(
+        "spokes: resident set of the process (hub and {spokes} agents): {:.1} MiB",
+        rss_kib as f64 / 1024.0
+    );
     assert_eq!(fewest, spokes, "a spoke lost its session while idle");
 }

@@ -18,9 +18,10 @@ pub const WASM_DIR: &str = env!("TRAINHUB_WASM_DIR");
 pub fn load(host: &Host) -> Result<Vec<Arc<dyn PhasePlugin>>, PluginError> {
     BUILTIN_COMPONENTS
         .iter()
-        .map(|(name, wasm)| {
-            host.load(
+        .map(|(name, digest, wasm)| {
+            host.load_digested(
                 &format!("builtin:{name}"),
+                *digest,
                 wasm,
                 &serde_json::json!({}),
                 Limits::default(),

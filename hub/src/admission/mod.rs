@@ -198,6 +198,11 @@ pub struct TrainerAdmission {
     runtimes: moka::sync::Cache<(Key, Rv), Arc<sdk::Runtime>>,
     /// Runtime snapshots read, by key and resourceVersion.
     snapshots: moka::sync::Cache<(Key, Rv), Arc<Pinned>>,
+    /// The runtimes of snapshots, by the runtime's kind, namespace, name and
+    /// resourceVersion when it was snapshotted: every TrainJob admitted
+    /// against one version of a runtime shares one parsed copy, instead of
+    /// one per TrainJob.
+    snapshot_runtimes: moka::sync::Cache<(String, String, String, String), Arc<sdk::Runtime>>,
     /// Who may set a TrainJob's priority annotation: the policy's admin
     /// groups.
     admin_groups: Vec<String>,
@@ -214,6 +219,7 @@ impl TrainerAdmission {
             clock: Box::new(SystemTime::now),
             runtimes: moka::sync::Cache::new(1024),
             snapshots: moka::sync::Cache::new(4096),
+            snapshot_runtimes: moka::sync::Cache::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()
                 .map(|g| g.to_string())
@@ -464,8 +470,28 @@ impl TrainerAdmission {
         }
         let unreadable =
             |e: String| format!("the runtime snapshot of the TrainJob is unreadable: {e}");
-        let runtime: sdk::Runtime = serde_json::from_value(stored.value["runtime"].clone())
-            .map_err(|e| unreadable(e.to_string()))?;
+        let snapshotted = &stored.value["runtime"];
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        let version = (
+            text(&snapshotted["kind"]),
+            text(&snapshotted["metadata"]["namespace"]),
+            text(&snapshotted["metadata"]["name"]),
+            text(&stored.value["runtimeResourceVersion"]),
+        );
+        let parse = || {
+            serde_json::from_value::<sdk::Runtime>(snapshotted.clone())
+                .map(Arc::new)
+                .map_err(|e| unreadable(e.to_string()))
+        };
+        // A resourceVersion names one version of one runtime; a snapshot
+        // without one is parsed on its own.
+        let runtime = if version.3.is_empty() {
+            parse()?
+        } else {
+            self.snapshot_runtimes
+                .try_get_with(version, parse)
+                .map_err(|e| (*e).clone())?
+        };
         let plugins = stored.value["plugins"]
             .as_array()
             .ok_or_else(|| unreadable("no plugins".into()))?
@@ -479,7 +505,7 @@ impl TrainerAdmission {
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| unreadable("a plugin without name or digest".into()))?;
         let pinned = Arc::new(Pinned {
-            runtime: Arc::new(runtime),
+            runtime,
             plugins: Some(plugins),
         });
         self.snapshots.insert(cache_key, pinned.clone());

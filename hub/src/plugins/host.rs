@@ -1,8 +1,12 @@
 //! The wasmtime sandbox that runs pipeline plugins.
 //!
 //! One [`Engine`] per hub. A component is compiled once per sha256 digest
-//! (kept in memory by moka, and on disk by wasmtime's cache so a restart
-//! reuses the machine code) and pre-linked into an `InstancePre`. Every call
+//! (kept in memory by moka, and on disk in the compilation cache so a
+//! restart reuses the machine code) and pre-linked into an `InstancePre`.
+//! With a cache directory the machine code is mapped from its cache file
+//! rather than copied into the heap: only the pages calls execute are
+//! resident, and they are the page cache's, shared and reclaimable
+//! (docs/benchmarks.md, "The idle hub"). Every call
 //! gets a fresh [`Store`] and a fresh instance: no state leaks between
 //! TrainJobs, and a plugin that traps, loops or exhausts its memory fails that
 //! call only.
@@ -163,6 +167,8 @@ pub struct Host {
     engine: Engine,
     linker: Arc<Linker<CallState>>,
     compiled: moka::sync::Cache<[u8; 32], Component>,
+    /// Compiled components, one file per digest (see [`Host::compile`]).
+    cache_dir: Option<PathBuf>,
     ticker: Arc<AtomicBool>,
     /// Free instance slots, when instances come from the pool.
     slots: Option<Arc<Slots>>,
@@ -188,19 +194,14 @@ impl Host {
         if std::env::var_os("TRAINHUB_WASM_PERFMAP").is_some() {
             wasm.profiler(wasmtime::ProfilingStrategy::PerfMap);
         }
-        if let Some(dir) = &config.cache_dir {
-            // wasmtime's cache wants an absolute directory; a relative one
-            // (`--data-dir .trainhub`) is taken from the working directory.
-            let dir = std::path::absolute(dir).map_err(|e| {
+        let cache_dir = match &config.cache_dir {
+            // Absolute: a relative directory (`--data-dir .trainhub`) is
+            // taken from the working directory at start.
+            Some(dir) => Some(std::path::absolute(dir).map_err(|e| {
                 PluginError::Host(format!("compilation cache {}: {e}", dir.display()))
-            })?;
-            let mut cache = wasmtime::CacheConfig::new();
-            cache.with_directory(&dir);
-            let cache = wasmtime::Cache::new(cache).map_err(|e| {
-                PluginError::Host(format!("compilation cache {}: {e}", dir.display()))
-            })?;
-            wasm.cache(Some(cache));
-        }
+            })?),
+            None => None,
+        };
         wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool_config()));
         let (engine, slots) = match Engine::new(&wasm) {
             Ok(engine) => (engine, Some(Arc::new(Slots::new(CONCURRENT_CALLS)))),
@@ -249,6 +250,7 @@ impl Host {
             engine,
             linker: Arc::new(linker),
             compiled: moka::sync::Cache::new(256),
+            cache_dir,
             ticker,
             slots,
             threads,
@@ -273,15 +275,27 @@ impl Host {
         limits: Limits,
     ) -> Result<Arc<LoadedPlugin>, PluginError> {
         let digest: [u8; 32] = Sha256::digest(wasm).into();
+        self.load_digested(source, digest, wasm, settings, limits)
+    }
+
+    /// As [`Host::load`], with the sha256 `digest` of `wasm` known already
+    /// (the built-ins' is computed at build time): `wasm` is read only when
+    /// no compiled copy is cached, so a restart does not touch its pages.
+    pub fn load_digested(
+        &self,
+        source: &str,
+        digest: [u8; 32],
+        wasm: &[u8],
+        settings: &serde_json::Value,
+        limits: Limits,
+    ) -> Result<Arc<LoadedPlugin>, PluginError> {
         let id = PluginId {
             name: source.to_string(),
             digest: format!("sha256:{}", hex::encode(digest)),
         };
         let component = self
             .compiled
-            .try_get_with(digest, || {
-                Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}"))
-            })
+            .try_get_with(digest, || self.compile(digest, wasm))
             .map_err(|reason| PluginError::Load {
                 plugin: id.clone(),
                 reason: format!("not a valid WebAssembly component: {reason}"),
@@ -350,6 +364,66 @@ impl Host {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+
+    /// The component of `wasm` (whose sha256 is `digest`): mapped from its
+    /// cache file when there is one, else compiled, written to the cache
+    /// (atomically: a crash leaves no partial file under the final name)
+    /// and mapped from there. Without a cache directory, or when the cache
+    /// cannot be written, the compiled code stays in memory.
+    fn compile(&self, digest: [u8; 32], wasm: &[u8]) -> Result<Component, String> {
+        let Some(dir) = &self.cache_dir else {
+            return Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}"));
+        };
+        let engine_hash = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            self.engine.precompile_compatibility_hash().hash(&mut h);
+            h.finish()
+        };
+        let file = dir.join(format!("{}-{engine_hash:016x}.cwasm", hex::encode(digest)));
+        if file.exists() {
+            match map_compiled(&self.engine, &file) {
+                Ok(component) => return Ok(component),
+                // Unreadable or from another build: compiled again below.
+                Err(e) => {
+                    tracing::warn!(file = %file.display(), error = %format!("{e:#}"), "compiled plugin cache entry unusable; compiling again")
+                }
+            }
+        }
+        let component = Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}"))?;
+        let written = component
+            .serialize()
+            .map_err(|e| format!("{e:#}"))
+            .and_then(|bytes| {
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| {
+                        trainhub_apiserver::pki::write_file_atomically(&file, &bytes, 0o600)
+                    })
+                    .map_err(|e| format!("writing {}: {e}", file.display()))
+            })
+            .and_then(|()| map_compiled(&self.engine, &file).map_err(|e| format!("{e:#}")));
+        match written {
+            Ok(mapped) => Ok(mapped),
+            Err(e) => {
+                tracing::warn!(error = %e, "compiled plugin not cached; keeping its code in memory");
+                Ok(component)
+            }
+        }
+    }
+}
+
+/// Maps a component compiled by [`Host::compile`] from its cache file.
+#[allow(unsafe_code)]
+fn map_compiled(engine: &Engine, file: &std::path::Path) -> wasmtime::Result<Component> {
+    // SAFETY: wasmtime trusts the file to hold machine code it produced.
+    // Only `Host::compile` writes these files (with `Component::serialize`,
+    // renamed into place once complete), in the hub's own data directory,
+    // which is private to the hub (0700) and hidden from the runs the
+    // spokes start; the file name carries the engine's compatibility hash
+    // and wasmtime checks the header against the engine as well. The file
+    // is never modified in place while mapped: a new compilation is
+    // renamed over it, which leaves the mapped inode untouched.
+    unsafe { Component::deserialize_file(engine, file) }
 }
 
 fn check_descriptor(id: &PluginId, d: &sdk::Descriptor) -> Result<(), PluginError> {
