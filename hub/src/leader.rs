@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use trainhub_apiserver::store::{
-    CommitFuture, Key, ListFuture, Object, Op, Rv, Store, StoreError, Term, Watch,
+    CommitFuture, Key, Object, Op, RawListFuture, Rv, Store, StoreError, Term, Watch,
 };
 
 /// A replica's address book entry, the value it campaigns with: who it is
@@ -509,8 +509,14 @@ impl Store for TermStore {
         self.inner.revision()
     }
 
-    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
-        self.inner.list_at(resource, namespace, rv)
+    fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        at: Option<Rv>,
+    ) -> RawListFuture<'_> {
+        self.inner.list_raw(resource, namespace, after, at)
     }
 
     fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {

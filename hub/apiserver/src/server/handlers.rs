@@ -315,6 +315,12 @@ impl Selectors {
         })
     }
 
+    /// Whether these select everything (no label or field selector, no
+    /// namespace visibility).
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_none() && self.fields.is_none() && self.visibility.is_none()
+    }
+
     pub fn matches(&self, value: &Value) -> bool {
         self.labels
             .as_ref()
@@ -345,11 +351,6 @@ impl Continue {
             name: key.name.clone(),
         }
     }
-
-    /// Whether `key` comes after the page this token ends.
-    fn precedes(&self, key: &Key) -> bool {
-        (key.namespace.as_str(), key.name.as_str()) > (self.ns.as_str(), self.name.as_str())
-    }
 }
 
 /// A list; its continue pages are read at the first page's resourceVersion
@@ -362,18 +363,20 @@ async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
     };
     let resource = ctx.def.store_key();
     let namespace = ctx.target.namespace.as_deref();
-    let (objects, rv) = match &after {
-        None => ctx.server.store.list(&resource, namespace),
-        Some(token) => ctx
-            .server
-            .store
-            .list_at(&resource, namespace, token.rv)
-            .await
-            .map_err(|e| match e {
-                StoreError::Gone { .. } => ApiError::expired(CONTINUE_EXPIRED),
-                e => ctx.store_error(e),
-            })?,
-    };
+    let (raw, rv) = ctx
+        .server
+        .store
+        .list_raw(
+            &resource,
+            namespace,
+            after.as_ref().map(|a| (a.ns.as_str(), a.name.as_str())),
+            after.as_ref().map(|a| a.rv),
+        )
+        .await
+        .map_err(|e| match e {
+            StoreError::Gone { .. } => ApiError::expired(CONTINUE_EXPIRED),
+            e => ctx.store_error(e),
+        })?;
     let limit = match ctx.query.get("limit") {
         Some(l) => Some(
             l.parse::<usize>()
@@ -382,22 +385,31 @@ async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         None => None,
     }
     .filter(|&l| l > 0);
-    let mut items: Vec<&Object> = objects
-        .iter()
-        .filter(|o| after.as_ref().is_none_or(|a| a.precedes(&o.key)))
-        .filter(|o| selectors.matches(&o.value))
-        .collect();
+    // Objects are decoded only as far as the page reaches: a paged list of
+    // N objects costs O(N) in all, not O(N) per page.
+    let mut items: Vec<Object> = Vec::new();
     let mut next = None;
-    let mut remaining = 0;
-    if let Some(limit) = limit
-        && items.len() > limit
-    {
-        remaining = items.len() - limit;
-        items.truncate(limit);
-        let rv = after.as_ref().map_or(rv, |a| a.rv);
-        next = items
-            .last()
-            .map(|o| encode_continue(&Continue::after(&o.key, rv)));
+    // As kube-apiserver: remainingItemCount only for a list without
+    // selectors (counting the rest would mean decoding it).
+    let mut remaining = None;
+    for (i, entry) in raw.iter().enumerate() {
+        let Some(object) = entry.decode() else {
+            continue;
+        };
+        if !selectors.matches(&object.value) {
+            continue;
+        }
+        if let Some(limit) = limit
+            && items.len() == limit
+        {
+            let rv = after.as_ref().map_or(rv, |a| a.rv);
+            next = items
+                .last()
+                .map(|o| encode_continue(&Continue::after(&o.key, rv)));
+            remaining = selectors.is_empty().then(|| raw.len() - i);
+            break;
+        }
+        items.push(object);
     }
     let list_rv = after.map_or(rv, |a| a.rv).to_string();
     let values: Vec<&Value> = items.iter().map(|o| o.value.as_ref()).collect();
@@ -434,7 +446,9 @@ async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
             metadata.insert("resourceVersion".into(), list_rv.into());
             if let Some(next) = next {
                 metadata.insert("continue".into(), next.into());
-                metadata.insert("remainingItemCount".into(), remaining.into());
+                if let Some(remaining) = remaining {
+                    metadata.insert("remainingItemCount".into(), remaining.into());
+                }
             }
             json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "items": items})
         }

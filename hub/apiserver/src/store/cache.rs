@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Event, EventType, Key, Object, Rv, StoreError, Watch, matches_scope};
+use super::{Event, EventType, Key, Object, RawObject, Rv, StoreError, Watch, matches_scope};
 
 /// Live events a watcher may lag behind before its watch is ended.
 const LIVE_BUFFER: usize = 65_536;
@@ -283,6 +283,35 @@ impl Cache {
             })
             .collect();
         (items, rv)
+    }
+
+    /// The encoded objects of `resource` (in `namespace`) after
+    /// (namespace, name) `after`, in key order, and the revision.
+    pub fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+    ) -> (Vec<RawObject>, Rv) {
+        use std::ops::Bound;
+        let s = self.read();
+        let start = match after {
+            Some((ns, name)) => Bound::Excluded(Key::new(resource, Some(ns), name)),
+            None => Bound::Included(Key::new(resource, namespace, "")),
+        };
+        let items = s
+            .objects
+            .range((start, Bound::Unbounded))
+            .take_while(|(k, _)| k.resource == resource)
+            .skip_while(|(k, _)| namespace.is_some_and(|ns| k.namespace.as_str() < ns))
+            .take_while(|(k, _)| namespace.is_none_or(|ns| k.namespace == ns))
+            .map(|(k, o)| RawObject {
+                key: k.clone(),
+                rv: o.rv,
+                bytes: o.bytes.clone(),
+            })
+            .collect();
+        (items, s.rv)
     }
 
     pub fn watch(

@@ -41,8 +41,8 @@ use serde_json::Value;
 
 use super::cache::{Cache, Change, Stored, decode, set_rv};
 use super::{
-    CommitFuture, EventType, Key, ListFuture, Object, Op, Rv, Store, StoreError, Term, Watch,
-    readable,
+    CommitFuture, EventType, Key, Object, Op, RawListFuture, RawObject, Rv, Store, StoreError,
+    Term, Watch, readable,
 };
 
 mod local;
@@ -403,12 +403,16 @@ impl EtcdStore {
         Ok(results)
     }
 
-    async fn list_at_rv(
+    /// The encoded objects of `resource` (in `namespace`) after (namespace,
+    /// name) `after`, read from etcd at revision `rv`, in key order (the
+    /// cache's order, which etcd's byte order of the keys is not).
+    async fn list_raw_at(
         &self,
         resource: &str,
         namespace: Option<&str>,
+        after: Option<(&str, &str)>,
         rv: Rv,
-    ) -> Result<(Vec<Object>, Rv), StoreError> {
+    ) -> Result<(Vec<RawObject>, Rv), StoreError> {
         let scope = match namespace {
             Some(ns) => format!("{}{resource}|{ns}|", self.registry),
             None => format!("{}{resource}|", self.registry),
@@ -440,9 +444,15 @@ impl EtcdStore {
             })?;
             for kv in page.kvs() {
                 if let Some(key) = parse_key(&self.registry, kv.key())
-                    && let Some(object) = decode(&key, rev(kv.mod_revision()), kv.value())
+                    && after.is_none_or(|(ns, name)| {
+                        (key.namespace.as_str(), key.name.as_str()) > (ns, name)
+                    })
                 {
-                    items.push(object);
+                    items.push(RawObject {
+                        key,
+                        rv: rev(kv.mod_revision()),
+                        bytes: Arc::from(kv.value()),
+                    });
                 }
             }
             match page.kvs().last() {
@@ -453,6 +463,7 @@ impl EtcdStore {
                 _ => break,
             }
         }
+        items.sort_by(|a, b| a.key.cmp(&b.key));
         Ok((items, rv))
     }
 }
@@ -816,10 +827,27 @@ impl Store for EtcdStore {
         self.cache.revision()
     }
 
-    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
+    fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        at: Option<Rv>,
+    ) -> RawListFuture<'_> {
+        let Some(rv) = at else {
+            let latest = self.cache.list_raw(resource, namespace, after);
+            return Box::pin(async move { Ok(latest) });
+        };
         let resource = resource.to_string();
         let namespace = namespace.map(str::to_string);
-        Box::pin(async move { self.list_at_rv(&resource, namespace.as_deref(), rv).await })
+        let after = after.map(|(ns, name)| (ns.to_string(), name.to_string()));
+        Box::pin(async move {
+            let after = after
+                .as_ref()
+                .map(|(ns, name)| (ns.as_str(), name.as_str()));
+            self.list_raw_at(&resource, namespace.as_deref(), after, rv)
+                .await
+        })
     }
 
     fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {
@@ -859,8 +887,14 @@ impl Store for Fenced {
         self.store.revision()
     }
 
-    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
-        self.store.list_at(resource, namespace, rv)
+    fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        at: Option<Rv>,
+    ) -> RawListFuture<'_> {
+        self.store.list_raw(resource, namespace, after, at)
     }
 
     fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {
@@ -1010,10 +1044,15 @@ mod tests {
         let names = |items: &[Object]| -> Vec<String> {
             items.iter().map(|o| o.key.name.clone()).collect()
         };
-        let (then, rv) = store
-            .list_at(JOBS, Some("default"), at)
-            .await
-            .expect("list at");
+        let decoded = |(raw, rv): (Vec<RawObject>, Rv)| -> (Vec<Object>, Rv) {
+            (raw.iter().filter_map(RawObject::decode).collect(), rv)
+        };
+        let (then, rv) = decoded(
+            store
+                .list_raw(JOBS, Some("default"), None, Some(at))
+                .await
+                .expect("list at"),
+        );
         assert_eq!(
             (names(&then), rv),
             (vec!["a".into(), "b".into(), "c".into()], at)
@@ -1022,14 +1061,52 @@ mod tests {
             then[1].value["metadata"]["resourceVersion"],
             (at - 1).to_string()
         );
-        let (now, _) = store
-            .list_at(JOBS, None, store.revision())
-            .await
-            .expect("list now");
+        let (now, _) = decoded(
+            store
+                .list_raw(JOBS, None, None, Some(store.revision()))
+                .await
+                .expect("list now"),
+        );
         assert_eq!(names(&now), ["a", "c", "d"]);
+        // A page after a (namespace, name) at a revision, in the cache's key
+        // order: "default" < "default-b" as tuples, though etcd's byte order
+        // of `default-b|` and `default|` is the other way round.
+        store
+            .commit(vec![Op::Create {
+                key: Key::new(JOBS, Some("default-b"), "a"),
+                value: serde_json::json!({"metadata": {"name": "a", "namespace": "default-b"}}),
+            }])
+            .await
+            .expect("create in default-b");
+        let (after_a, _) = decoded(
+            store
+                .list_raw(JOBS, None, Some(("default", "a")), Some(store.revision()))
+                .await
+                .expect("list after default/a"),
+        );
+        let keys: Vec<(String, String)> = after_a
+            .iter()
+            .map(|o| (o.key.namespace.clone(), o.key.name.clone()))
+            .collect();
+        let pair = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        assert_eq!(
+            keys,
+            [
+                pair("default", "c"),
+                pair("default", "d"),
+                pair("default-b", "a")
+            ]
+        );
+        let (cached, _) = decoded(
+            store
+                .list_raw(JOBS, None, Some(("default", "a")), None)
+                .await
+                .expect("list after default/a, latest"),
+        );
+        assert_eq!(names(&cached), names(&after_a), "the cache pages alike");
         store.compact(store.revision()).await.expect("compact");
         assert!(matches!(
-            store.list_at(JOBS, Some("default"), at).await,
+            store.list_raw(JOBS, Some("default"), None, Some(at)).await,
             Err(StoreError::Gone { .. })
         ));
     }

@@ -196,8 +196,26 @@ pub struct Term {
 pub type CommitFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Object>, StoreError>> + Send + 'a>>;
 
-pub type ListFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<(Vec<Object>, Rv), StoreError>> + Send + 'a>>;
+pub type RawListFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<(Vec<RawObject>, Rv), StoreError>> + Send + 'a>>;
+
+/// An object as the store holds it: its JSON (without
+/// `metadata.resourceVersion`), not decoded. A paged list decodes only the
+/// objects it returns or filters.
+#[derive(Debug, Clone)]
+pub struct RawObject {
+    pub key: Key,
+    pub rv: Rv,
+    pub bytes: Arc<[u8]>,
+}
+
+impl RawObject {
+    /// The object, `metadata.resourceVersion` stamped; `None` (logged) for
+    /// bytes that are not a JSON object.
+    pub fn decode(&self) -> Option<Object> {
+        cache::decode(&self.key, self.rv, &self.bytes)
+    }
+}
 
 /// Refuses a write the store could not read back: an object nested deeper
 /// than [`STORE_READABLE_DEPTH`](crate::limits::STORE_READABLE_DEPTH). The
@@ -266,17 +284,20 @@ pub trait Store: Send + Sync + 'static {
     /// The latest committed resourceVersion.
     fn revision(&self) -> Rv;
 
-    /// Objects of `resource` (in `namespace`, or all) as they were at
-    /// resourceVersion `rv`, sorted by key: the pages after the first of a
-    /// paged list (kube-apiserver's continue tokens). etcd reads at that
-    /// revision ([`StoreError::Gone`] once it is compacted); a store that
-    /// keeps no old versions (redb) answers from its latest state, as this
-    /// default does.
-    fn list_at(&self, resource: &str, namespace: Option<&str>, rv: Rv) -> ListFuture<'_> {
-        let _ = rv;
-        let latest = self.list(resource, namespace);
-        Box::pin(async move { Ok(latest) })
-    }
+    /// Objects of `resource` (in `namespace`, or all) whose (namespace,
+    /// name) comes after `after`, sorted by key, encoded, and the
+    /// resourceVersion they are consistent at: what a paged list (limit and
+    /// continue) decodes only as far as it needs. `at` is a continue token's
+    /// resourceVersion: etcd reads at that revision ([`StoreError::Gone`] once
+    /// it is compacted); a store that keeps no old versions (redb) answers
+    /// from its latest state. `None`: the latest state.
+    fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        at: Option<Rv>,
+    ) -> RawListFuture<'_>;
 
     /// This store, its commits fenced by `term`: each commit also checks
     /// that the term is current and fails with [`StoreError::Fenced`] once

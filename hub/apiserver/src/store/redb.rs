@@ -24,7 +24,8 @@ use tokio::sync::oneshot;
 
 use super::cache::{Cache, Change, Stored, decode, set_rv};
 use super::{
-    CommitFuture, Event, EventType, Key, Object, Op, Rv, Store, StoreError, Term, Watch, readable,
+    CommitFuture, Event, EventType, Key, Object, Op, RawListFuture, Rv, Store, StoreError, Term,
+    Watch, readable,
 };
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -471,6 +472,18 @@ impl Store for RedbStore {
 
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.cache.list(resource, namespace)
+    }
+
+    /// The latest state whatever `at` asks: redb keeps no old versions.
+    fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        _at: Option<Rv>,
+    ) -> RawListFuture<'_> {
+        let latest = self.cache.list_raw(resource, namespace, after);
+        Box::pin(async move { Ok(latest) })
     }
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
