@@ -65,6 +65,8 @@ pub const CONDITION_PLUGINS_DEFERRED: &str = "PluginsDeferred";
 /// Reason of the `PluginsDeferred=True` condition (and its Warning event).
 pub const REASON_PLUGIN_CALL_DEFERRED: &str = "PluginCallDeferred";
 /// Backoff of a deferred plugin call: 1 s, doubling, at most 5 minutes.
+/// Enforced runtime infos kept for Build (see `Dispatch::enforced`).
+const ENFORCED_KEPT: u64 = 1024;
 const DEFER_FIRST: Duration = Duration::from_secs(1);
 const DEFER_MAX: Duration = Duration::from_secs(300);
 /// The finalizer a TrainJob gets with its first placement: a deleted
@@ -399,9 +401,14 @@ pub struct Dispatch {
     sessions: Mutex<HashMap<String, Session>>,
     next_id: std::sync::atomic::AtomicU64,
     logs: Mutex<HashMap<String, LogStream>>,
-    /// Pod sets per TrainJob (uid, metadata.generation), and the enforced
-    /// runtime info they come from (which the Build phase starts from).
-    demand: moka::sync::Cache<(String, i64), Arc<Demand>>,
+    /// Pod sets per TrainJob (uid, metadata.generation): what it queues
+    /// with.
+    demand: moka::sync::Cache<(String, i64), Arc<Vec<PodSetDemand>>>,
+    /// The enforced runtime info those pod sets came from, which Build
+    /// starts from. It holds the runtime's templates (kilobytes per
+    /// TrainJob), so only the most recently enforced are kept; a TrainJob
+    /// placed after its entry went runs the whole pipeline at Build.
+    enforced: moka::sync::Cache<(String, i64), Arc<sdk::RuntimeInfo>>,
     /// Pods shown per TrainJob, and the hash of what each last was.
     pods: Mutex<HashMap<JobKey, HashMap<String, u64>>>,
     /// Events written per TrainJob (its own and its pods'), removed with it.
@@ -460,6 +467,7 @@ impl Dispatch {
             next_id: std::sync::atomic::AtomicU64::new(1),
             logs: Mutex::new(HashMap::new()),
             demand: moka::sync::Cache::new(65_536),
+            enforced: moka::sync::Cache::new(ENFORCED_KEPT),
             pods: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
@@ -779,17 +787,18 @@ impl Dispatch {
             let generation = meta["generation"].as_i64().unwrap_or(0);
             let cache_key = (uid.clone(), generation);
             match self.demand.get(&cache_key) {
-                Some(d) => {
+                Some(pod_sets) => {
                     // Computed meanwhile (say, by a call that started after
                     // one that was deferred): that step is done.
                     self.undefer(namespace, name, &uid, Step::Enforce);
-                    d.pod_sets.clone()
+                    pod_sets.as_ref().clone()
                 }
                 None => match self.compute_demand(object) {
                     Ok(d) => {
                         self.undefer(namespace, name, &uid, Step::Enforce);
                         let pod_sets = d.pod_sets.clone();
-                        self.demand.insert(cache_key, Arc::new(d));
+                        self.demand.insert(cache_key.clone(), Arc::new(d.pod_sets));
+                        self.enforced.insert(cache_key, Arc::new(d.info));
                         pod_sets
                     }
                     Err(e) if e.transient => {
@@ -1440,8 +1449,8 @@ impl Dispatch {
                     let (job, runtime, pipeline) = this.pipeline_for(&value)?;
                     let generation = value["metadata"]["generation"].as_i64().unwrap_or(0);
                     let uid = value["metadata"]["uid"].as_str().unwrap_or_default();
-                    let built = match this.demand.get(&(uid.to_string(), generation)) {
-                        Some(demand) => pipeline.build_enforced(&job, demand.info.clone(), &target),
+                    let built = match this.enforced.get(&(uid.to_string(), generation)) {
+                        Some(info) => pipeline.build_enforced(&job, info.as_ref().clone(), &target),
                         None => pipeline.build(&job, &runtime, &target),
                     };
                     built.map_err(StepError::from)
