@@ -174,6 +174,40 @@ async fn list_has_kind_and_resource_version_and_pages() {
         .json("GET", &format!("{BASE}?limit=2&continue={token}"), None)
         .await;
     assert_eq!(page2["items"][0]["metadata"]["name"], "w2");
+
+    // With a selector the rest is not counted (kube-apiserver leaves
+    // remainingItemCount out then); the pages still cover every match.
+    let (_, selected) = api
+        .json(
+            "GET",
+            &format!("{BASE}?limit=2&labelSelector=app%3Da"),
+            None,
+        )
+        .await;
+    assert_eq!(selected["items"].as_array().unwrap().len(), 2);
+    assert!(
+        selected["metadata"].get("remainingItemCount").is_none(),
+        "{selected}"
+    );
+    let token = selected["metadata"]["continue"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (_, rest) = api
+        .json(
+            "GET",
+            &format!("{BASE}?limit=3&labelSelector=app%3Da&continue={token}"),
+            None,
+        )
+        .await;
+    let names: Vec<&str> = rest["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["w2", "w3", "w4"]);
+    assert!(rest["metadata"].get("continue").is_none(), "{rest}");
 }
 
 #[tokio::test]
