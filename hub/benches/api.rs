@@ -174,6 +174,15 @@ async fn run(jobs: usize, concurrency: usize) {
     let _ = serving.await;
     drop(store);
     // A restart: the store read back (every object decoded into memory).
+    // Tasks of the stopped hub may hold the store (and redb's file lock) for
+    // a moment after `serve` returns: wait for it, then time the open.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut reopened = Hub::open(support::hub_config(dir.path(), &pki, false));
+    while reopened.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        reopened = Hub::open(support::hub_config(dir.path(), &pki, false));
+    }
+    drop(reopened);
     let t = Instant::now();
     let reopened = Hub::open(support::hub_config(dir.path(), &pki, false)).expect("hub reopens");
     println!(
