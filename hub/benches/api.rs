@@ -2,8 +2,8 @@
 //! bearer token, admission with the wasm plugins, durable store writes), and
 //! the memory the hub holds per 10,000 stored TrainJobs.
 //!
-//! `cargo bench -p trainhub --bench api -- [--jobs N] [--concurrency C]`
-//! (defaults: 10000 jobs, 32 concurrent clients). The hub runs in this
+//! `cargo bench -p trainhub --bench api -- [--jobs N] [--concurrency C] [--settle S]`
+//! (defaults: 10000 jobs, 32 concurrent clients, 15 s for memory to settle). The hub runs in this
 //! process; memory is the growth of this process's resident set from before
 //! the first create to after the last, with the client's buffers released.
 
@@ -35,14 +35,15 @@ fn rss() -> u64 {
 fn main() {
     let jobs = support::arg("--jobs", 10_000);
     let concurrency = support::arg("--concurrency", 32);
+    let settle = Duration::from_secs(support::arg("--settle", 15) as u64);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(jobs, concurrency));
+    runtime.block_on(run(jobs, concurrency, settle));
 }
 
-async fn run(jobs: usize, concurrency: usize) {
+async fn run(jobs: usize, concurrency: usize, settle: Duration) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
     let hub = Hub::open(support::hub_config(dir.path(), &pki, false)).expect("hub");
@@ -70,6 +71,11 @@ async fn run(jobs: usize, concurrency: usize) {
             .expect("warm-up create");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let rss_before_unsettled = rss();
+    // What the hub holds at rest: the allocator returns freed memory to the
+    // system within its decay time (10 s), so both ends are also measured
+    // after `--settle` seconds.
+    tokio::time::sleep(settle).await;
     let rss_before = rss();
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -98,6 +104,8 @@ async fn run(jobs: usize, concurrency: usize) {
     let elapsed = started.elapsed();
     drop(api);
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after_unsettled = rss();
+    tokio::time::sleep(settle).await;
     let rss_after = rss();
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
@@ -105,6 +113,8 @@ async fn run(jobs: usize, concurrency: usize) {
         .map(|m| m.len())
         .unwrap_or(0);
     let per_10k = (rss_after.saturating_sub(rss_before)) as f64 / jobs as f64 * 10_000.0;
+    let unsettled_per_10k =
+        (rss_after_unsettled.saturating_sub(rss_before_unsettled)) as f64 / jobs as f64 * 10_000.0;
     println!(
         "creates: {jobs} TrainJobs, {concurrency} concurrent clients, TLS + token, durable writes"
     );
@@ -121,9 +131,11 @@ async fn run(jobs: usize, concurrency: usize) {
         ms(pct(1.0))
     );
     println!(
-        "memory: resident set grew {:.1} MiB for {jobs} TrainJobs = {:.1} MiB per 10,000; store file {:.1} MiB",
+        "memory: resident set grew {:.1} MiB for {jobs} TrainJobs = {:.1} MiB per 10,000 ({}s settled; {:.1} MiB per 10,000 0.5 s after the last create); store file {:.1} MiB",
         (rss_after.saturating_sub(rss_before)) as f64 / 1048576.0,
         per_10k / 1048576.0,
+        settle.as_secs(),
+        unsettled_per_10k / 1048576.0,
         db as f64 / 1048576.0
     );
     // What the store holds per TrainJob, by resource: objects and their
