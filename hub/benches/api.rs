@@ -11,8 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use kube::api::{DynamicObject, PostParams};
-use serde_json::json;
+use kube::api::PostParams;
 use trainhub::hub::Hub;
 
 /// The allocator the `trainhub` and `trainspoke` binaries use.
@@ -66,9 +65,12 @@ async fn run(jobs: usize, concurrency: usize, settle: Duration) {
 
     // Warm up connections and the plugin instances.
     for i in 0..concurrency.min(jobs) {
-        api.create(&PostParams::default(), &job(&format!("warmup-{i}")))
-            .await
-            .expect("warm-up create");
+        api.create(
+            &PostParams::default(),
+            &support::torch_job(&format!("warmup-{i}")),
+        )
+        .await
+        .expect("warm-up create");
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let rss_before_unsettled = rss();
@@ -90,9 +92,12 @@ async fn run(jobs: usize, concurrency: usize, settle: Duration) {
                     return latencies;
                 }
                 let t = Instant::now();
-                api.create(&PostParams::default(), &job(&format!("bench-{i:06}")))
-                    .await
-                    .expect("create");
+                api.create(
+                    &PostParams::default(),
+                    &support::torch_job(&format!("bench-{i:06}")),
+                )
+                .await
+                .expect("create");
                 latencies.push(t.elapsed());
             }
         }));
@@ -206,24 +211,4 @@ async fn run(jobs: usize, concurrency: usize, settle: Duration) {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// A TrainJob as the Kubeflow SDK submits one.
-fn job(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name, "labels": {"team": "bench"}},
-        "spec": {
-            "runtimeRef": {"name": "torch-distributed"},
-            "trainer": {
-                "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
-                "command": ["torchrun", "train.py"],
-                "numNodes": 4,
-                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "8", "cpu": "32", "memory": "256Gi"}},
-                "env": [{"name": "EPOCHS", "value": "10"}],
-            },
-        },
-    }))
-    .expect("TrainJob")
 }

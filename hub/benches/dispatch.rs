@@ -25,12 +25,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::api::{DynamicObject, PostParams};
-use serde_json::json;
+use kube::api::PostParams;
 use trainhub::dispatch::{DispatchConfig, core};
 use trainhub::hub::{Config, Hub};
-use trainhub_spoke::agent::{self, AgentConfig};
-use trainhub_spoke::backend::sim::SimBackend;
 
 /// The allocator the `trainhub` and `trainspoke` binaries use.
 #[global_allocator]
@@ -192,32 +189,7 @@ async fn run(
     let grpc = addrs.grpc.expect("grpc address");
 
     // The spokes.
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
-    for i in 0..spokes {
-        let name = format!("sim-{i:03}");
-        let issued = ca
-            .issue_client(&name, &[trainhub::grpc::SPOKE_GROUP])
-            .expect("spoke cert");
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let backend = SimBackend::new(
-            [
-                ("cpu".to_string(), 1_000_000_000),
-                ("memory".to_string(), 1 << 60),
-            ]
-            .into(),
-            Duration::ZERO,
-            tx,
-            Some(started_tx.clone()),
-        );
-        let config = AgentConfig::new(
-            format!("https://{grpc}"),
-            ca.cert_pem().to_string(),
-            issued.cert_pem,
-            issued.key_pem,
-        );
-        tokio::spawn(agent::run(config, backend, rx, std::future::pending()));
-    }
-    drop(started_tx);
+    let mut started_rx = support::start_sim_spokes(grpc, &ca, spokes);
     while dispatch.stats().0 < spokes {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -227,9 +199,12 @@ async fn run(
     // Warm up connections, plugins and the whole path once.
     let warmup = concurrency.min(jobs).max(1);
     for i in 0..warmup {
-        api.create(&PostParams::default(), &job(&format!("warmup-{i}")))
-            .await
-            .expect("warm-up create");
+        api.create(
+            &PostParams::default(),
+            &support::python_job(&format!("warmup-{i}")),
+        )
+        .await
+        .expect("warm-up create");
     }
     for _ in 0..warmup {
         started_rx.recv().await.expect("warm-up start");
@@ -257,7 +232,7 @@ async fn run(
                     .lock()
                     .expect("lock")
                     .insert(format!("default/{name}"), Instant::now());
-                api.create(&PostParams::default(), &job(&name))
+                api.create(&PostParams::default(), &support::python_job(&name))
                     .await
                     .expect("create");
             }
@@ -335,21 +310,4 @@ async fn run(
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
-}
-
-/// A 2-node TrainJob on the CPU-only runtime, as the Kubeflow SDK submits one.
-fn job(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {
-            "runtimeRef": {"name": "python-distributed"},
-            "trainer": {
-                "command": ["python3", "train.py"],
-                "numNodes": 2,
-            }
-        }
-    }))
-    .expect("a TrainJob")
 }

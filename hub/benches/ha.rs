@@ -18,14 +18,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::api::{DynamicObject, PostParams};
-use serde_json::json;
+use kube::api::PostParams;
 use trainhub::dispatch::Dispatch;
 use trainhub::hub::{Hub, Replication, Storage};
 use trainhub_apiserver::store::EtcdConfig;
 use trainhub_apiserver::store::etcd::LocalEtcd;
-use trainhub_spoke::agent::{self, AgentConfig};
-use trainhub_spoke::backend::sim::SimBackend;
 
 /// The allocator the `trainhub` and `trainspoke` binaries use.
 #[global_allocator]
@@ -224,7 +221,10 @@ async fn creates(
     let client = support::trainjobs(dir, api, ca).await;
     for i in 0..concurrency.min(jobs) {
         client
-            .create(&PostParams::default(), &torch_job(&format!("warmup-{i}")))
+            .create(
+                &PostParams::default(),
+                &support::torch_job(&format!("warmup-{i}")),
+            )
             .await
             .expect("warm-up create");
     }
@@ -244,7 +244,10 @@ async fn creates(
                 }
                 let t = Instant::now();
                 client
-                    .create(&PostParams::default(), &torch_job(&format!("bench-{i:06}")))
+                    .create(
+                        &PostParams::default(),
+                        &support::torch_job(&format!("bench-{i:06}")),
+                    )
                     .await
                     .expect("create");
                 latencies.push(t.elapsed());
@@ -292,32 +295,7 @@ async fn saturate(
     jobs: usize,
     concurrency: usize,
 ) {
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
-    for i in 0..spokes {
-        let name = format!("sim-{i:03}");
-        let issued = ca
-            .issue_client(&name, &[trainhub::grpc::SPOKE_GROUP])
-            .expect("spoke cert");
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let backend = SimBackend::new(
-            [
-                ("cpu".to_string(), 1_000_000_000),
-                ("memory".to_string(), 1 << 60),
-            ]
-            .into(),
-            Duration::ZERO,
-            tx,
-            Some(started_tx.clone()),
-        );
-        let config = AgentConfig::new(
-            format!("https://{grpc}"),
-            ca.cert_pem().to_string(),
-            issued.cert_pem,
-            issued.key_pem,
-        );
-        tokio::spawn(agent::run(config, backend, rx, std::future::pending()));
-    }
-    drop(started_tx);
+    let mut started_rx = support::start_sim_spokes(grpc, ca, spokes);
     let deadline = Instant::now() + Duration::from_secs(120);
     while dispatch.stats().0 < spokes {
         assert!(Instant::now() < deadline, "spokes not connected in 120 s");
@@ -327,7 +305,10 @@ async fn saturate(
     let warmup = concurrency.min(jobs).max(1);
     for i in 0..warmup {
         client
-            .create(&PostParams::default(), &python_job(&format!("warmup-{i}")))
+            .create(
+                &PostParams::default(),
+                &support::python_job(&format!("warmup-{i}")),
+            )
             .await
             .expect("warm-up create");
     }
@@ -352,7 +333,7 @@ async fn saturate(
                     .expect("lock")
                     .insert(format!("default/{name}"), Instant::now());
                 client
-                    .create(&PostParams::default(), &python_job(&name))
+                    .create(&PostParams::default(), &support::python_job(&name))
                     .await
                     .expect("create");
             }
@@ -391,38 +372,4 @@ async fn saturate(
         jobs as f64 / elapsed.as_secs_f64(),
         ms(percentile(&latencies, 0.99))
     );
-}
-
-/// A 4-node torch TrainJob, as the api bench creates.
-fn torch_job(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name, "labels": {"team": "bench"}},
-        "spec": {
-            "runtimeRef": {"name": "torch-distributed"},
-            "trainer": {
-                "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
-                "command": ["torchrun", "train.py"],
-                "numNodes": 4,
-                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "8", "cpu": "32", "memory": "256Gi"}},
-                "env": [{"name": "EPOCHS", "value": "10"}],
-            },
-        },
-    }))
-    .expect("TrainJob")
-}
-
-/// A 2-node CPU TrainJob, as the dispatch bench creates.
-fn python_job(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name},
-        "spec": {
-            "runtimeRef": {"name": "python-distributed"},
-            "trainer": {"command": ["python3", "train.py"], "numNodes": 2}
-        }
-    }))
-    .expect("TrainJob")
 }

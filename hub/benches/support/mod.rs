@@ -91,3 +91,80 @@ pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
         api_limits: Default::default(),
     }
 }
+
+/// Starts `spokes` simulated spokes (the sim backend: unbounded CPU and
+/// memory, runs that start at once and never end) dialing the hub's gRPC
+/// endpoint at `grpc` with certificates from `ca`; each run's start is
+/// reported on the returned channel as (run id, when).
+#[allow(dead_code)] // used by the benches that dispatch
+pub fn start_sim_spokes(
+    grpc: SocketAddr,
+    ca: &Ca,
+    spokes: usize,
+) -> tokio::sync::mpsc::UnboundedReceiver<(String, std::time::Instant)> {
+    use trainhub_spoke::agent::{self, AgentConfig};
+    use trainhub_spoke::backend::sim::SimBackend;
+    let (started_tx, started_rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..spokes {
+        let name = format!("sim-{i:03}");
+        let issued = ca
+            .issue_client(&name, &[trainhub::grpc::SPOKE_GROUP])
+            .expect("spoke cert");
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let backend = SimBackend::new(
+            [
+                ("cpu".to_string(), 1_000_000_000),
+                ("memory".to_string(), 1 << 60),
+            ]
+            .into(),
+            std::time::Duration::ZERO,
+            tx,
+            Some(started_tx.clone()),
+        );
+        let config = AgentConfig::new(
+            format!("https://{grpc}"),
+            ca.cert_pem().to_string(),
+            issued.cert_pem,
+            issued.key_pem,
+        );
+        tokio::spawn(agent::run(config, backend, rx, std::future::pending()));
+    }
+    started_rx
+}
+
+/// A 4-node torch TrainJob, as the Kubeflow SDK submits one (the api
+/// bench's).
+#[allow(dead_code)] // used by the benches that create TrainJobs
+pub fn torch_job(name: &str) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "labels": {"team": "bench"}},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed"},
+            "trainer": {
+                "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
+                "command": ["torchrun", "train.py"],
+                "numNodes": 4,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "8", "cpu": "32", "memory": "256Gi"}},
+                "env": [{"name": "EPOCHS", "value": "10"}],
+            },
+        },
+    }))
+    .expect("TrainJob")
+}
+
+/// A 2-node CPU TrainJob (the dispatch bench's).
+#[allow(dead_code)] // used by the benches that dispatch
+pub fn python_job(name: &str) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeRef": {"name": "python-distributed"},
+            "trainer": {"command": ["python3", "train.py"], "numNodes": 2}
+        }
+    }))
+    .expect("TrainJob")
+}
