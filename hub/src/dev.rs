@@ -279,7 +279,8 @@ pub async fn run(
     let mut written = Ok(());
     let server = hub.server.clone();
     let store = hub.store.clone();
-    let logs = crate::dispatch::leader_log_source(hub.leading());
+    // The API's log source: on a follower replica, streamed from the leader.
+    let logs = hub.logs.clone();
     let spokes_dir = dir.join("spokes");
     let sandbox = trainhub_spoke::backend::process::SandboxConfig {
         run_as_user: args.run_as_user.0,

@@ -199,6 +199,9 @@ pub struct Hub {
     /// from the store (as after a restart) over the store fenced by that
     /// term; see [`Hub::leading`].
     pub dispatch: Arc<Dispatch>,
+    /// Pod logs as the API serves them: from the leading dispatch, or, on
+    /// a follower, streamed from the leader.
+    pub logs: Arc<dyn trainhub_apiserver::server::LogSource>,
     admission: Arc<TrainerAdmission>,
     /// The dispatch of the term this replica leads, None while it follows.
     current: watch::Sender<Option<Arc<Dispatch>>>,
@@ -299,7 +302,7 @@ impl Hub {
             .admission(Arc::new(spokes::SpokeAdmission {
                 inner: admission.clone(),
             }))
-            .logs(log_source)
+            .logs(log_source.clone())
             .readiness({
                 let leading = current.subscribe();
                 Arc::new(move || {
@@ -341,6 +344,7 @@ impl Hub {
             plugins,
             server: builder.build(),
             dispatch,
+            logs: log_source,
             admission,
             current,
             peer_token,
