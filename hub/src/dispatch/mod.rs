@@ -1337,7 +1337,7 @@ impl Dispatch {
     /// a TrainJob without the finalizer, or another object under the same
     /// name, is left alone.
     fn release(&self, job: JobKey, uid: String) {
-        tracing::info!(trainjob = %job, "deleted TrainJob released: its run is stopped or given up");
+        tracing::info!(trainjob = %job, "TrainJob released: the hub's finalizer goes (its run finished, or was stopped or given up)");
         let _ = self.writer.send(Write {
             edit: Some((
                 Key::new(TRAINJOBS, Some(&job.namespace), &job.name),
