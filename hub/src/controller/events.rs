@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::Value;
-use trainhub_apiserver::store::{Key, Object, Op, Store};
+use trainhub_apiserver::store::{Key, MAX_COMMIT_OPS, Object, Op, Store};
 
 use crate::api::EVENTS;
 
@@ -71,11 +71,16 @@ pub async fn run(
                 if keys.is_empty() {
                     continue;
                 }
-                let count = keys.len();
-                let ops = keys.into_iter().map(|key| Op::Remove { key }).collect();
-                match store.commit(ops).await {
-                    Ok(_) => tracing::debug!(count, "removed expired events"),
-                    Err(e) => tracing::warn!(error = %e, "removing expired events"),
+                // In chunks: etcd takes at most 128 operations per Txn.
+                for chunk in keys.chunks(MAX_COMMIT_OPS) {
+                    let ops = chunk
+                        .iter()
+                        .map(|key| Op::Remove { key: key.clone() })
+                        .collect();
+                    match store.commit(ops).await {
+                        Ok(_) => tracing::debug!(count = chunk.len(), "removed expired events"),
+                        Err(e) => tracing::warn!(error = %e, "removing expired events"),
+                    }
                 }
             }
         }

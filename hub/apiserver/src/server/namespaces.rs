@@ -178,14 +178,16 @@ impl Server {
                 if writable_left {
                     continue;
                 }
-                let ops = objects
-                    .iter()
-                    .map(|o| Op::Remove { key: o.key.clone() })
-                    .collect();
-                self.store
-                    .commit(ops)
-                    .await
-                    .map_err(|e| ApiError::from_store(e, &def.group, &def.plural))?;
+                for chunk in objects.chunks(crate::store::MAX_COMMIT_OPS) {
+                    let ops = chunk
+                        .iter()
+                        .map(|o| Op::Remove { key: o.key.clone() })
+                        .collect();
+                    self.store
+                        .commit(ops)
+                        .await
+                        .map_err(|e| ApiError::from_store(e, &def.group, &def.plural))?;
+                }
                 continue;
             }
             writable_left = true;

@@ -32,6 +32,13 @@ pub use self::redb::RedbStore;
 /// A resourceVersion.
 pub type Rv = u64;
 
+/// The most operations a writer puts in one commit when it removes or
+/// writes many independent objects (expired events, a namespace's
+/// read-only views): etcd refuses a Txn of more than 128 (its default
+/// `--max-txn-ops`), and a fenced commit adds a compare of its own. Such a
+/// writer commits in chunks of this size.
+pub const MAX_COMMIT_OPS: usize = 100;
+
 /// Where an object lives: its resource (plural, with group for API kinds,
 /// e.g. `trainer.kubeflow.org/trainjobs`), namespace (empty when
 /// cluster-scoped) and name.
