@@ -1111,6 +1111,36 @@ mod tests {
         ));
     }
 
+    /// Writers that commit many objects chunk them by `MAX_COMMIT_OPS`:
+    /// such a chunk, fenced, fits in one etcd Txn; one over 128 does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fenced_chunk_of_max_commit_ops_fits_in_one_txn() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/chunks/").await;
+        let mut client = store.client();
+        let lease = client.lease_grant(60, None).await.expect("lease").id();
+        let campaign = client
+            .campaign("/chunks/leader", "r1", lease)
+            .await
+            .expect("campaign");
+        let leader = campaign.leader().expect("leader key");
+        let fenced = store.clone().fenced(Term {
+            key: String::from_utf8(leader.key().to_vec()).expect("utf-8"),
+            revision: rev(leader.rev()),
+        });
+        let chunk: Vec<Op> = (0..crate::store::MAX_COMMIT_OPS)
+            .map(|i| create(&format!("c{i}")))
+            .collect();
+        fenced.commit(chunk).await.expect("a full chunk commits");
+        let too_many: Vec<Op> = (0..129).map(|i| create(&format!("d{i}"))).collect();
+        assert!(
+            fenced.commit(too_many).await.is_err(),
+            "etcd refuses a Txn of more than 128 operations"
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fenced_commit_fails_once_another_replica_leads() {
         let Some((_dir, etcd)) = cluster(1) else {
