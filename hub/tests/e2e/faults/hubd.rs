@@ -61,28 +61,41 @@ impl RawSpoke {
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(ca.cert_pem()))
             .identity(Identity::from_pem(&issued.cert_pem, &issued.key_pem));
-        let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
-            .unwrap()
-            .tls_config(tls)
-            .unwrap()
-            .connect()
-            .await
-            .expect("the raw spoke connects");
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tx.send(message(pb::spoke_message::Message::Hello(pb::Hello {
-            labels: [("name".to_string(), name.to_string())].into(),
-            backend: "test".into(),
-            capacity: capacity(cpu_free),
-            runs,
-            version: "test".into(),
-            fence_after_ms,
-        })))
-        .unwrap();
-        let inbound = pb::spoke_client::SpokeClient::new(channel)
-            .session(UnboundedReceiverStream::new(rx))
-            .await
-            .expect("the hub takes the session")
-            .into_inner();
+        // As a real spoke does: a hub that has just started refuses sessions
+        // (UNAVAILABLE) until its dispatch has loaded the store; try again.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let (tx, inbound) = loop {
+            let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+                .unwrap()
+                .tls_config(tls.clone())
+                .unwrap()
+                .connect()
+                .await
+                .expect("the raw spoke connects");
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tx.send(message(pb::spoke_message::Message::Hello(pb::Hello {
+                labels: [("name".to_string(), name.to_string())].into(),
+                backend: "test".into(),
+                capacity: capacity(cpu_free),
+                runs: runs.clone(),
+                version: "test".into(),
+                fence_after_ms,
+            })))
+            .unwrap();
+            match pb::spoke_client::SpokeClient::new(channel)
+                .session(UnboundedReceiverStream::new(rx))
+                .await
+            {
+                Ok(session) => break (tx, session.into_inner()),
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(status) => panic!("the hub takes the session: {status:?}"),
+            }
+        };
         RawSpoke {
             name: name.to_string(),
             tx,
