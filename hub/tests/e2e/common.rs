@@ -352,3 +352,33 @@ pub async fn next_of<T>(
     .await
     .unwrap_or_else(|_| panic!("no {what} within 30s"))
 }
+
+/// Live (not zombie) processes, other than this one, whose command line
+/// contains `needle`.
+pub fn processes_with(needle: &str) -> std::collections::BTreeSet<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Default::default();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            if pid == std::process::id() {
+                return None;
+            }
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let found = String::from_utf8_lossy(&cmdline).contains(needle);
+            (found && alive(pid)).then_some(pid)
+        })
+        .collect()
+}
+
+/// Whether `pid` is a live process (not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}

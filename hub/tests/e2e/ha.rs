@@ -15,7 +15,7 @@ use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
 use trainhub_apiserver::pki::PemDir;
 use trainhub_apiserver::store::etcd::LocalEtcd;
 
-use crate::common::{free_port, plugin_cache, tail, trainspoke_binary, wait_for};
+use crate::common::{free_port, plugin_cache, processes_with, tail, trainspoke_binary, wait_for};
 
 /// Short election timings, so failover takes seconds.
 const ELECTION: [&str; 6] = [
@@ -536,28 +536,6 @@ async fn one_replica_leads_a_follower_serves_creates_lists_and_watches_and_spoke
 /// find its processes).
 fn long_job(name: &str, seconds: u32) -> String {
     trainjob(name, &format!("sleep {seconds}; echo ha-long-{name}"))
-}
-
-/// Live processes whose command line contains `needle`.
-fn processes_with(needle: &str) -> BTreeSet<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return BTreeSet::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            if pid == std::process::id() {
-                return None;
-            }
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let zombie = stat
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'));
-            (String::from_utf8_lossy(&cmdline).contains(needle) && !zombie).then_some(pid)
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

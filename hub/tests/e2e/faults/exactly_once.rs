@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 
-use crate::common::{DevHub, free_port, tail, trainspoke_binary, wait_for};
+use crate::common::{DevHub, alive, free_port, processes_with, tail, trainspoke_binary, wait_for};
 
 /// A `trainspoke` process; SIGKILLed when dropped.
 struct Spoke {
@@ -195,34 +195,6 @@ fn assert_no_overlap(marks: &[Mark]) -> Vec<(String, f64, f64)> {
         );
     }
     spans
-}
-
-/// Live (not zombie) processes whose command line contains `needle`.
-fn processes_with(needle: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            if pid == std::process::id() {
-                return None;
-            }
-            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            let found = String::from_utf8_lossy(&cmdline).contains(needle);
-            (found && alive(pid)).then_some(pid)
-        })
-        .collect()
-}
-
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
 }
 
 fn complete(hub: &DevHub, name: &str) -> bool {
