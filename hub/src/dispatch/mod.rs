@@ -20,6 +20,7 @@
 pub mod authority;
 pub mod core;
 mod observe;
+mod writer;
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
@@ -36,12 +37,13 @@ use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::selector::LabelSelector;
 use trainhub_apiserver::server::{ByteStream, LogSource};
 use trainhub_apiserver::status::ApiError;
-use trainhub_apiserver::store::{Key, Op, Rv, Store, StoreError};
+use trainhub_apiserver::store::{Key, Op, Store};
 use trainhub_builtin_plugins::quantity::Quantity;
 use trainhub_plugin_sdk as sdk;
 use trainhub_proto as pb;
 
 use self::core::{Action, Dispatcher, JobInfo, JobKey, Placement, PodSetDemand, Verdict, Want};
+use self::writer::{Edit, Write, update_status};
 use crate::admission::TrainerAdmission;
 use crate::api::{EVENTS, PODS, TRAINJOBS};
 use crate::controller::lifecycle::{format_time, is_true, set_condition};
@@ -64,9 +66,12 @@ pub const REASON_BUILD_FAILED: &str = "BuildFailed";
 pub const CONDITION_PLUGINS_DEFERRED: &str = "PluginsDeferred";
 /// Reason of the `PluginsDeferred=True` condition (and its Warning event).
 pub const REASON_PLUGIN_CALL_DEFERRED: &str = "PluginCallDeferred";
-/// Backoff of a deferred plugin call: 1 s, doubling, at most 5 minutes.
 /// Enforced runtime infos kept for Build (see `Dispatch::enforced`).
 const ENFORCED_KEPT: u64 = 1024;
+/// Typed TrainJobs kept (see `Dispatch::typed`): 6 to 7 KiB each, a
+/// bounded cost whatever the number of TrainJobs.
+const TYPED_KEPT: u64 = 1024;
+/// Backoff of a deferred plugin call: 1 s, doubling, at most 5 minutes.
 const DEFER_FIRST: Duration = Duration::from_secs(1);
 const DEFER_MAX: Duration = Duration::from_secs(300);
 /// The finalizer a TrainJob gets with its first placement: a deleted
@@ -301,96 +306,6 @@ fn log_stream_id() -> Result<String, ApiError> {
     Ok(hex::encode(bytes))
 }
 
-/// A write for the store writer; `done` learns whether it was committed.
-#[derive(Default)]
-struct Write {
-    ops: Vec<Op>,
-    /// A mapped status to merge into a TrainJob's status as it is when the
-    /// write is committed (merges of one batch to one TrainJob become one
-    /// update).
-    merge: Option<(Key, Value)>,
-    /// A change to a TrainJob's metadata, applied to it as it is when the
-    /// write is committed, in the same commit as `ops`.
-    edit: Option<(Key, Edit)>,
-    done: Option<Box<dyn FnOnce(bool) + Send>>,
-}
-
-/// A change dispatch makes to the metadata of TrainJob `uid` (another
-/// object under the same name is left alone).
-#[derive(Debug, Clone, PartialEq)]
-enum Edit {
-    /// Placed on `spoke` (annotation [`ANNOTATION_SPOKE`], and [`FINALIZER`]
-    /// unless it is being deleted, when no finalizer may be added), or not
-    /// placed (the annotation removed).
-    Placed { uid: String, spoke: Option<String> },
-    /// Its run is stopped: [`FINALIZER`] removed.
-    Release { uid: String },
-}
-
-/// What an [`Edit`] did to an object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Edited {
-    Unchanged,
-    Changed,
-    /// The last finalizer of a deleting object is gone: delete it.
-    Delete,
-}
-
-/// Applies `edit` to the stored TrainJob `object`.
-fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
-    let uid = match edit {
-        Edit::Placed { uid, .. } | Edit::Release { uid } => uid,
-    };
-    if object["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-        return Edited::Unchanged;
-    }
-    let before = object["metadata"].clone();
-    let deleting = !object["metadata"]["deletionTimestamp"].is_null();
-    let meta = &mut object["metadata"];
-    let mut finalizers: Vec<Value> = meta["finalizers"].as_array().cloned().unwrap_or_default();
-    match edit {
-        Edit::Placed { spoke, .. } => {
-            match spoke {
-                Some(spoke) => {
-                    if !meta["annotations"].is_object() {
-                        meta["annotations"] = json!({});
-                    }
-                    meta["annotations"][ANNOTATION_SPOKE] = spoke.as_str().into();
-                    if !deleting && !finalizers.iter().any(|f| f == FINALIZER) {
-                        finalizers.push(FINALIZER.into());
-                    }
-                }
-                None => {
-                    if let Some(a) = meta["annotations"].as_object_mut() {
-                        a.remove(ANNOTATION_SPOKE);
-                    }
-                }
-            }
-            if !finalizers.is_empty() {
-                meta["finalizers"] = Value::Array(finalizers);
-            }
-        }
-        Edit::Release { .. } => {
-            finalizers.retain(|f| f != FINALIZER);
-            if deleting && finalizers.is_empty() {
-                return Edited::Delete;
-            }
-            if let Some(m) = meta.as_object_mut() {
-                if finalizers.is_empty() {
-                    m.remove("finalizers");
-                } else {
-                    m.insert("finalizers".into(), Value::Array(finalizers));
-                }
-            }
-        }
-    }
-    if object["metadata"] == before {
-        Edited::Unchanged
-    } else {
-        Edited::Changed
-    }
-}
-
 /// The dispatch runner. Cheap to share.
 pub struct Dispatch {
     store: Arc<dyn Store>,
@@ -471,7 +386,7 @@ impl Dispatch {
             pods: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
-            typed: moka::sync::Cache::new(4096),
+            typed: moka::sync::Cache::new(TYPED_KEPT),
             deferred: Mutex::new(HashMap::new()),
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),
@@ -580,7 +495,7 @@ impl Dispatch {
         tokio::pin!(shutdown);
         let writer = lock(&self.writer_rx).take().map(|rx| {
             let this = self.clone();
-            tokio::spawn(async move { this.write_loop(rx).await })
+            tokio::spawn(async move { writer::run(this.store.as_ref(), rx).await })
         });
         let ticker = {
             let this = self.clone();
@@ -1108,135 +1023,6 @@ impl Dispatch {
             ops,
             ..Write::default()
         });
-    }
-
-    /// Commits queued writes in batches: everything waiting goes in one
-    /// store commit, status merges included (read from the store now, each
-    /// TrainJob updated once with its merges applied in order); a failed
-    /// batch is retried write by write so one bad write does not sink the
-    /// others.
-    async fn write_loop(&self, mut rx: mpsc::UnboundedReceiver<Write>) {
-        let mut batch = Vec::new();
-        while rx.recv_many(&mut batch, 4096).await > 0 {
-            let mut ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
-            // (key, resourceVersion read, object with the merges and edits,
-            // what they did)
-            let mut merged: Vec<(Key, Rv, Value, Edited)> = Vec::new();
-            for w in &batch {
-                let key = match (&w.merge, &w.edit) {
-                    (Some((key, _)), _) | (None, Some((key, _))) => key,
-                    (None, None) => continue,
-                };
-                let at = match merged.iter().position(|(k, ..)| k == key) {
-                    Some(at) => at,
-                    None => {
-                        let Some(object) = self.store.get(key) else {
-                            continue;
-                        };
-                        let value = object.value.as_ref().clone();
-                        merged.push((key.clone(), object.rv, value, Edited::Unchanged));
-                        merged.len() - 1
-                    }
-                };
-                let (_, _, value, outcome) = &mut merged[at];
-                if *outcome == Edited::Delete {
-                    continue;
-                }
-                if let Some((_, mapped)) = &w.merge {
-                    let mut status = value["status"].take();
-                    if merge_status(&mut status, mapped) {
-                        *outcome = Edited::Changed;
-                    }
-                    value["status"] = status;
-                }
-                if let Some((_, edit)) = &w.edit {
-                    match apply_edit(value, edit) {
-                        Edited::Unchanged => {}
-                        done => *outcome = done,
-                    }
-                }
-            }
-            for (key, rv, value, outcome) in merged {
-                match outcome {
-                    Edited::Unchanged => {}
-                    Edited::Changed => ops.push(Op::Update {
-                        key,
-                        value,
-                        expected: Some(rv),
-                    }),
-                    Edited::Delete => ops.push(Op::Delete {
-                        key,
-                        expected: Some(rv),
-                    }),
-                }
-            }
-            if ops.is_empty() || self.store.commit(ops).await.is_ok() {
-                for w in batch.drain(..) {
-                    if let Some(done) = w.done {
-                        done(true);
-                    }
-                }
-                continue;
-            }
-            for w in batch.drain(..) {
-                let mut ok = match &w.edit {
-                    Some((key, edit)) => self.commit_edited(w.ops, key, edit).await,
-                    None => match self.store.commit(w.ops).await {
-                        Ok(_) => true,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "dispatch: write failed");
-                            false
-                        }
-                    },
-                };
-                if let Some((key, mapped)) = &w.merge {
-                    ok &= update_status(self.store.as_ref(), key, |status| {
-                        merge_status(status, mapped)
-                    })
-                    .await;
-                }
-                if let Some(done) = w.done {
-                    done(ok);
-                }
-            }
-        }
-    }
-
-    /// Commits `ops` with `edit` applied to the TrainJob at `key` as it is
-    /// now, in one commit, retried on conflicts. A TrainJob that is gone (or
-    /// another object) is not edited; `ops` still commit.
-    async fn commit_edited(&self, ops: Vec<Op>, key: &Key, edit: &Edit) -> bool {
-        for _ in 0..5 {
-            let mut all = ops.clone();
-            if let Some(object) = self.store.get(key) {
-                let mut value = object.value.as_ref().clone();
-                match apply_edit(&mut value, edit) {
-                    Edited::Unchanged => {}
-                    Edited::Changed => all.push(Op::Update {
-                        key: key.clone(),
-                        value,
-                        expected: Some(object.rv),
-                    }),
-                    Edited::Delete => all.push(Op::Delete {
-                        key: key.clone(),
-                        expected: Some(object.rv),
-                    }),
-                }
-            }
-            if all.is_empty() {
-                return true;
-            }
-            match self.store.commit(all).await {
-                Ok(_) => return true,
-                Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => continue,
-                Err(e) => {
-                    tracing::warn!(%key, error = %e, "dispatch: write failed");
-                    return false;
-                }
-            }
-        }
-        tracing::warn!(%key, "dispatch: write still conflicting after 5 attempts");
-        false
     }
 
     /// Carries out the dispatcher's actions.
@@ -2368,71 +2154,6 @@ pub fn milli(text: &str) -> Result<i64, String> {
     i64::try_from(milli).map_err(|_| format!("quantity {text:?} is too large"))
 }
 
-/// Sets the mapped conditions and jobsStatus on `status`; whether it changed.
-fn merge_status(status: &mut Value, mapped: &Value) -> bool {
-    let before = status.clone();
-    let now = format_time(Timestamp::now());
-    if let Some(conditions) = mapped["conditions"].as_array() {
-        for c in conditions {
-            let (Some(type_), Some(state)) = (c["type"].as_str(), c["status"].as_str()) else {
-                continue;
-            };
-            set_condition(
-                status,
-                type_,
-                state,
-                c["reason"].as_str().unwrap_or_default(),
-                c["message"].as_str().unwrap_or_default(),
-                c["lastTransitionTime"].as_str().unwrap_or(&now),
-            );
-        }
-    }
-    if !mapped["jobsStatus"].is_null() {
-        if !status.is_object() {
-            *status = json!({});
-        }
-        status["jobsStatus"] = mapped["jobsStatus"].clone();
-    }
-    *status != before
-}
-
-/// Read-modify-write of a TrainJob's status, retried on conflicts; whether
-/// it ended written (or with nothing to write).
-async fn update_status(
-    store: &dyn Store,
-    key: &Key,
-    mut change: impl FnMut(&mut Value) -> bool,
-) -> bool {
-    for _ in 0..5 {
-        let Some(object) = store.get(key) else {
-            return true;
-        };
-        let mut value = object.value.as_ref().clone();
-        let mut status = value["status"].take();
-        if !change(&mut status) {
-            return true;
-        }
-        value["status"] = status;
-        match store
-            .commit(vec![Op::Update {
-                key: key.clone(),
-                value,
-                expected: Some(object.rv),
-            }])
-            .await
-        {
-            Ok(_) | Err(StoreError::NotFound(_)) => return true,
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => {
-                tracing::warn!(%key, error = %e, "writing TrainJob status");
-                return false;
-            }
-        }
-    }
-    tracing::warn!(%key, "writing TrainJob status: still conflicting after 5 attempts");
-    false
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2444,67 +2165,5 @@ mod tests {
         assert_eq!(milli("1Gi").unwrap(), 1_073_741_824_000);
         assert_eq!(milli("1n").unwrap(), 1);
         assert!(milli("two").is_err());
-    }
-
-    #[test]
-    fn a_placement_sets_the_spoke_and_the_finalizer_and_a_release_deletes_a_deleting_trainjob() {
-        let mut job =
-            json!({"metadata": {"name": "j", "uid": "u1", "finalizers": ["example.com/keep"]}});
-        let placed = Edit::Placed {
-            uid: "u1".into(),
-            spoke: Some("gpu-1".into()),
-        };
-        assert_eq!(apply_edit(&mut job, &placed), Edited::Changed);
-        assert_eq!(job["metadata"]["annotations"][ANNOTATION_SPOKE], "gpu-1");
-        assert_eq!(
-            job["metadata"]["finalizers"],
-            json!(["example.com/keep", FINALIZER])
-        );
-        assert_eq!(
-            apply_edit(&mut job, &placed),
-            Edited::Unchanged,
-            "idempotent"
-        );
-        // Another object under the same name is left alone.
-        let other = Edit::Release { uid: "u2".into() };
-        assert_eq!(apply_edit(&mut job, &other), Edited::Unchanged);
-        // Requeued: no spoke shown; the finalizer stays.
-        let unplaced = Edit::Placed {
-            uid: "u1".into(),
-            spoke: None,
-        };
-        assert_eq!(apply_edit(&mut job, &unplaced), Edited::Changed);
-        assert!(job["metadata"]["annotations"][ANNOTATION_SPOKE].is_null());
-        let release = Edit::Release { uid: "u1".into() };
-        let mut deleting = job.clone();
-        deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
-        // Another finalizer holds it: only ours goes.
-        assert_eq!(apply_edit(&mut deleting, &release), Edited::Changed);
-        assert_eq!(
-            deleting["metadata"]["finalizers"],
-            json!(["example.com/keep"])
-        );
-        deleting["metadata"]["finalizers"] = json!([FINALIZER]);
-        assert_eq!(apply_edit(&mut deleting, &release), Edited::Delete);
-        // Being deleted: no finalizer may be added.
-        let mut marked =
-            json!({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}});
-        apply_edit(&mut marked, &placed);
-        assert!(marked["metadata"]["finalizers"].is_null());
-    }
-
-    #[test]
-    fn merged_status_keeps_other_conditions_and_reports_change() {
-        let mut status =
-            json!({"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed"}]});
-        let mapped = json!({
-            "conditions": [{"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "done"}],
-            "jobsStatus": [{"name": "node", "succeeded": 2}]
-        });
-        assert!(merge_status(&mut status, &mapped));
-        assert_eq!(status["conditions"][0]["type"], "Suspended");
-        assert_eq!(status["conditions"][1]["reason"], "AllJobsCompleted");
-        assert_eq!(status["jobsStatus"][0]["succeeded"], 2);
-        assert!(!merge_status(&mut status, &mapped), "same again: no write");
     }
 }
