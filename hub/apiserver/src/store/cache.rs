@@ -326,7 +326,7 @@ impl Cache {
         let live = s.live.subscribe();
         let replay = match since {
             None => Vec::new(),
-            Some(since) if since >= s.rv => Vec::new(),
+            Some(since) if since > s.rv => Vec::new(),
             Some(since) => {
                 let oldest = s.history.front().map(|c| c.rv).unwrap_or(s.rv + 1);
                 if since + 1 < oldest {
@@ -335,7 +335,13 @@ impl Cache {
                         oldest,
                     });
                 }
-                let start = s.history.partition_point(|c| c.rv <= since);
+                // One etcd transaction writing several objects gives them
+                // one revision: a client that resumes from it may have seen
+                // only some of them, so all of them are sent again (a
+                // client sees one it had twice, never misses one).
+                let at = s.history.partition_point(|c| c.rv < since);
+                let after = s.history.partition_point(|c| c.rv <= since);
+                let start = if after - at > 1 { at } else { after };
                 s.history
                     .range(start..)
                     .filter(|c| matches_scope(&c.key, resource, namespace))
@@ -427,6 +433,34 @@ mod tests {
         ));
         let (items, rv) = cache.list("r", Some("ns"));
         assert_eq!((items.len(), rv), (2, 4));
+    }
+
+    #[test]
+    fn a_watch_from_a_revision_of_several_changes_replays_all_of_them() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        cache.apply(vec![change(EventType::Added, "a", 1, 1)], 1);
+        // One transaction, two objects, one revision.
+        cache.apply(
+            vec![
+                change(EventType::Added, "b", 2, 2),
+                change(EventType::Added, "c", 2, 3),
+            ],
+            2,
+        );
+        cache.apply(vec![change(EventType::Modified, "a", 3, 4)], 3);
+        let names = |since| -> Vec<String> {
+            let watch = cache.watch("r", None, Some(since)).expect("watch");
+            watch
+                .replay
+                .iter()
+                .map(|e| e.object.key.name.clone())
+                .collect()
+        };
+        // A client that saw b (rv 2) and lost the stream before c gets c.
+        assert_eq!(names(2), ["b", "c", "a"]);
+        // A revision of one change is not sent again.
+        assert_eq!(names(1), ["b", "c", "a"]);
+        assert!(names(3).is_empty());
     }
 
     #[tokio::test]
