@@ -26,7 +26,12 @@ pub fn load(host: &Host) -> Result<Vec<Arc<dyn PhasePlugin>>, PluginError> {
                 &serde_json::json!({}),
                 Limits::default(),
             )
-            .map(|p| p as Arc<dyn PhasePlugin>)
+            .map(|p| {
+                // Read only to compile it; its compiled code is mapped from
+                // the cache now.
+                crate::memory::release_static(wasm);
+                p as Arc<dyn PhasePlugin>
+            })
         })
         .collect()
 }

@@ -260,6 +260,9 @@ impl Hub {
             ..HostConfig::default()
         })?);
         let builtins = builtin::load(&host).context("loading the built-in plugins")?;
+        // What compiling them took goes back to the system now, not over the
+        // allocator's decay time.
+        crate::memory::release_freed();
         let plugins = Arc::new(Registry::new(host, builtins, config.plugins_dir.clone()));
         if config.plugins_dir.is_some() {
             plugins

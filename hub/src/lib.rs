@@ -18,6 +18,7 @@ pub mod grpc;
 pub mod hub;
 pub mod leader;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod peer;
 pub mod plugins;

@@ -218,7 +218,7 @@ impl TrainerAdmission {
             schemas: Schemas::get(),
             clock: Box::new(SystemTime::now),
             runtimes: moka::sync::Cache::new(1024),
-            snapshots: moka::sync::Cache::new(4096),
+            snapshots: moka::sync::Cache::new(1024),
             snapshot_runtimes: moka::sync::Cache::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()

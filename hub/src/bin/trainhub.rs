@@ -14,6 +14,22 @@ use trainhub::hub::{Config, Hub};
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// Returns every arena's freed pages to the system now.
+#[allow(unsafe_code)]
+fn purge_jemalloc() {
+    // SAFETY: `arena.<MALLCTL_ARENAS_ALL>.purge` takes and gives nothing:
+    // all pointers null, length 0; the name is a NUL-terminated literal.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"arena.4096.purge".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+        );
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "trainhub",
@@ -87,6 +103,7 @@ struct ServeArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    trainhub::memory::set_allocator_release(purge_jemalloc);
     let mut telemetry = trainhub::logging::init(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,0 +1,90 @@
+//! Giving memory back to the system once start-up is done.
+//!
+//! A hub's first start compiles its plugins. Two things it touches then are
+//! never needed again, yet would stay resident for the life of the process:
+//! the embedded built-in components (read once to compile them; a restart
+//! maps their compiled code from the cache and never reads them), and the
+//! compiler's working memory, freed to the allocator, which keeps it until
+//! its decay timers run out. [`release_static`] and [`release_freed`] return
+//! both at once.
+
+use std::sync::OnceLock;
+
+/// How the process's allocator returns freed memory to the system at once;
+/// set by the binary that chose the allocator.
+static ALLOCATOR_RELEASE: OnceLock<fn()> = OnceLock::new();
+
+/// Sets the allocator's release hook (once; later calls are ignored).
+pub fn set_allocator_release(release: fn()) {
+    let _ = ALLOCATOR_RELEASE.set(release);
+}
+
+/// Returns the memory the allocator holds freed to the system, when the
+/// binary set a hook for it ([`set_allocator_release`]); else nothing.
+pub fn release_freed() {
+    if let Some(release) = ALLOCATOR_RELEASE.get() {
+        release();
+    }
+}
+
+/// Drops the whole pages of `bytes` from this process's resident set.
+///
+/// `bytes` must be read-only data of the binary (`include_bytes!`): such
+/// pages are a private mapping of the executable that is never written, so
+/// the kernel reads them back from the file, unchanged, if they are touched
+/// again. Partial pages at either end are left alone (they may hold other
+/// data).
+#[allow(unsafe_code)]
+pub fn release_static(bytes: &'static [u8]) {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let Ok(page) = usize::try_from(page) else {
+        return;
+    };
+    if page == 0 {
+        return;
+    }
+    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end <= start {
+        return;
+    }
+    // SAFETY: [start, end) holds whole pages of `bytes` only, which are
+    // immutable `'static` data of the executable's read-only segment (no
+    // relocations, never written), mapped privately from the file.
+    // MADV_DONTNEED on such pages discards this process's copy of the page
+    // table entries; the next access faults the same contents back in from
+    // the file. No Rust reference observes a change. A failure (EINVAL on an
+    // unusual mapping) leaves the pages as they were, which is harmless.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static DATA: [u8; 3 * 65536] = [7; 3 * 65536];
+
+    #[test]
+    fn released_static_pages_read_back_unchanged() {
+        let bytes: &'static [u8] = &DATA;
+        let sum = |b: &[u8]| b.iter().map(|&x| u64::from(x)).sum::<u64>();
+        assert_eq!(sum(bytes), 7 * 3 * 65536);
+        release_static(bytes);
+        assert_eq!(sum(bytes), 7 * 3 * 65536);
+    }
+
+    #[test]
+    fn the_release_hook_runs_once_set() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        fn count() {
+            CALLS.fetch_add(1, Ordering::SeqCst);
+        }
+        set_allocator_release(count);
+        release_freed();
+        assert!(CALLS.load(Ordering::SeqCst) >= 1);
+    }
+}
