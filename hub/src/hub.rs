@@ -284,6 +284,7 @@ impl Hub {
         let admin_groups = policy.admin_groups.clone();
         let admission = Arc::new(
             TrainerAdmission::new(store.clone(), plugins.clone())
+                .context("compiling the served CRDs' schemas")?
                 .with_admin_groups(policy.admin_groups.clone()),
         );
         let dispatch = Dispatch::new(

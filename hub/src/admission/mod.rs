@@ -44,7 +44,8 @@ use trainhub_plugin_sdk as sdk;
 
 use crate::plugins::{Pipeline, PipelineError, PluginId, Registry, Snapshot};
 
-pub use schema::Schema;
+pub use cel::CompileError;
+pub use schema::{Schema, SchemaError};
 
 /// Where runtime snapshots are kept: one object per TrainJob, keyed by its
 /// namespace and uid, `{uid, trainjob, runtime, runtimeResourceVersion,
@@ -125,43 +126,51 @@ pub struct Schemas {
     pub cluster_training_runtime: Schema,
 }
 
+/// Why the hub cannot validate the kinds it serves.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SchemasError {
+    #[error("the {crd} CRD cannot be read: {message}")]
+    Crd { crd: &'static str, message: String },
+    #[error("the {crd} CRD: {source}")]
+    Rule {
+        crd: &'static str,
+        #[source]
+        source: SchemaError,
+    },
+}
+
 impl Schemas {
     /// Compiled once per process: the CRDs do not change while it runs.
-    pub fn get() -> Arc<Schemas> {
-        static SCHEMAS: OnceLock<Arc<Schemas>> = OnceLock::new();
+    ///
+    /// # Errors
+    ///
+    /// A CRD without a schema, or with a rule that does not compile: the
+    /// hub must not start serving it.
+    pub fn get() -> Result<Arc<Schemas>, SchemasError> {
+        static SCHEMAS: OnceLock<Result<Arc<Schemas>, SchemasError>> = OnceLock::new();
         SCHEMAS
             .get_or_init(|| {
                 use trainhub_api::crd;
                 let schemas = Schemas {
-                    trainjob: compile(serde_json::to_value(crd::trainjob_crd())),
-                    training_runtime: compile(serde_json::to_value(crd::training_runtime_crd())),
-                    cluster_training_runtime: compile(serde_json::to_value(
-                        crd::cluster_training_runtime_crd(),
-                    )),
+                    trainjob: compile("trainjobs", serde_json::to_value(crd::trainjob_crd()))?,
+                    training_runtime: compile(
+                        "trainingruntimes",
+                        serde_json::to_value(crd::training_runtime_crd()),
+                    )?,
+                    cluster_training_runtime: compile(
+                        "clustertrainingruntimes",
+                        serde_json::to_value(crd::cluster_training_runtime_crd()),
+                    )?,
                 };
-                for rule in schemas.unknown_rules() {
-                    tracing::error!(
-                        rule,
-                        "x-kubernetes-validations rule not understood; not enforced"
-                    );
-                }
-                Arc::new(schemas)
+                tracing::debug!(
+                    trainjobs = schemas.trainjob.rules().len(),
+                    trainingruntimes = schemas.training_runtime.rules().len(),
+                    clustertrainingruntimes = schemas.cluster_training_runtime.rules().len(),
+                    "x-kubernetes-validations rules compiled"
+                );
+                Ok(Arc::new(schemas))
             })
             .clone()
-    }
-
-    /// Rules of the CRDs that admission does not evaluate.
-    fn unknown_rules(&self) -> Vec<&str> {
-        [
-            &self.trainjob,
-            &self.training_runtime,
-            &self.cluster_training_runtime,
-        ]
-        .into_iter()
-        .flat_map(Schema::rules)
-        .filter(|r| !r.is_known())
-        .map(|r| r.text.as_str())
-        .collect()
     }
 
     fn of(&self, kind: &str) -> Option<&Schema> {
@@ -174,16 +183,22 @@ impl Schemas {
     }
 }
 
-/// The schema of a CRD's first version.
-fn compile(crd: Result<Value, serde_json::Error>) -> Schema {
-    let schema = crd.ok().and_then(|crd| {
-        crd.pointer("/spec/versions/0/schema/openAPIV3Schema")
-            .map(Schema::compile)
-    });
-    schema.unwrap_or_else(|| {
-        tracing::error!("a trainer.kubeflow.org CRD has no schema; its objects are not validated");
-        Schema::default()
-    })
+/// The schema of a CRD's first version, with its rules compiled.
+fn compile(
+    crd: &'static str,
+    value: Result<Value, serde_json::Error>,
+) -> Result<Schema, SchemasError> {
+    let value = value.map_err(|e| SchemasError::Crd {
+        crd,
+        message: e.to_string(),
+    })?;
+    let schema = value
+        .pointer("/spec/versions/0/schema/openAPIV3Schema")
+        .ok_or(SchemasError::Crd {
+            crd,
+            message: "its first version has no openAPIV3Schema".into(),
+        })?;
+    Schema::compile(schema).map_err(|source| SchemasError::Rule { crd, source })
 }
 
 /// Admission for trainjobs, trainingruntimes and clustertrainingruntimes.
@@ -211,11 +226,18 @@ pub struct TrainerAdmission {
 impl TrainerAdmission {
     /// Admission that looks runtimes up in `store` and validates TrainJobs
     /// with the plugins of `plugins` (an `Arc<Registry>` will do).
-    pub fn new(store: Arc<dyn Store>, plugins: Arc<dyn PluginSource>) -> Self {
-        TrainerAdmission {
+    ///
+    /// # Errors
+    ///
+    /// The served CRDs' schemas do not compile (see [`Schemas::get`]).
+    pub fn new(
+        store: Arc<dyn Store>,
+        plugins: Arc<dyn PluginSource>,
+    ) -> Result<Self, SchemasError> {
+        Ok(TrainerAdmission {
             store,
             plugins,
-            schemas: Schemas::get(),
+            schemas: Schemas::get()?,
             clock: Box::new(SystemTime::now),
             runtimes: moka::sync::Cache::new(1024),
             snapshots: moka::sync::Cache::new(1024),
@@ -224,7 +246,7 @@ impl TrainerAdmission {
                 .iter()
                 .map(|g| g.to_string())
                 .collect(),
-        }
+        })
     }
 
     /// The groups whose members may set `trainhub.kubeflow.org/priority`
@@ -711,11 +733,11 @@ fn admit_status(
 mod tests {
     use super::*;
 
-    /// Every `x-kubernetes-validations` rule of the served CRDs is one this
-    /// module evaluates: an unknown rule would silently not be enforced.
+    /// The served trainer CRDs compile, rules included, and carry the rules
+    /// upstream's CRDs have.
     #[test]
-    fn every_crd_rule_is_understood() {
-        let schemas = Schemas::get();
+    fn served_schemas_compile_with_their_rules() {
+        let schemas = Schemas::get().unwrap();
         for (kind, schema) in [
             ("TrainJob", &schemas.trainjob),
             ("TrainingRuntime", &schemas.training_runtime),
@@ -724,6 +746,5 @@ mod tests {
             let rules = schema.rules().len();
             assert!(rules >= 10, "{kind}: only {rules} rules found");
         }
-        assert_eq!(schemas.unknown_rules(), Vec::<&str>::new());
     }
 }

@@ -14,7 +14,17 @@ use regex::Regex;
 use serde_json::{Map, Value};
 use trainhub_apiserver::field::{self, ErrorType, FieldError};
 
-use super::cel::{Rule, Verdict};
+use super::cel::{self, Budget, CompileError, ListOrder, NumberKind, Outcome, Rule};
+
+/// A schema that cannot be used: one of its rules does not compile.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("x-kubernetes-validations of {location}: {source}")]
+pub struct SchemaError {
+    /// Where in the schema, as a field path (`<root>`, `spec.items[*]`).
+    pub location: String,
+    #[source]
+    pub source: CompileError,
+}
 
 /// `x-kubernetes-list-type`.
 #[derive(Debug, Default, PartialEq)]
@@ -60,26 +70,45 @@ pub struct Schema {
 }
 
 /// Errors of one validation, in kube-apiserver's order: schema errors, then
-/// list-type errors, then rule errors.
-#[derive(Default)]
+/// list-type errors, then rule errors; and the rules' budget.
 struct Errors {
     schema: Vec<FieldError>,
     lists: Vec<FieldError>,
     rules: Vec<FieldError>,
+    budget: Budget,
+    /// The budget ran out: no further rules are evaluated.
+    stopped: bool,
 }
 
 impl Schema {
-    /// The `openAPIV3Schema` of a CRD version, as JSON.
-    pub fn compile(node: &Value) -> Schema {
+    /// The `openAPIV3Schema` of a CRD version, as JSON, with every rule
+    /// compiled.
+    ///
+    /// # Errors
+    ///
+    /// The first rule that does not compile (see [`super::cel`]).
+    pub fn compile(node: &Value) -> Result<Schema, SchemaError> {
+        Schema::compile_at(node, "")
+    }
+
+    /// The schema node at `location` (a field path; `[*]` for items and
+    /// map values).
+    fn compile_at(node: &Value, location: &str) -> Result<Schema, SchemaError> {
         let str_of = |k: &str| node.get(k).and_then(Value::as_str).map(str::to_string);
         let u64_of = |k: &str| node.get(k).and_then(Value::as_u64);
         let f64_of = |k: &str| node.get(k).and_then(Value::as_f64);
         let bool_of = |k: &str| node.get(k).and_then(Value::as_bool).unwrap_or(false);
-        let list_of = |k: &str| -> Vec<Schema> {
+        let list_of = |k: &str| -> Result<Vec<Schema>, SchemaError> {
             node.get(k)
                 .and_then(Value::as_array)
-                .map(|a| a.iter().map(Schema::compile).collect())
-                .unwrap_or_default()
+                .map(|a| a.iter().map(|b| Schema::compile_at(b, location)).collect())
+                .unwrap_or(Ok(Vec::new()))
+        };
+        let child = |k: &str, at: String| -> Result<Option<Box<Schema>>, SchemaError> {
+            node.get(k)
+                .filter(|v| v.is_object())
+                .map(|v| Schema::compile_at(v, &at).map(Box::new))
+                .transpose()
         };
         let list = match node.get("x-kubernetes-list-type").and_then(Value::as_str) {
             Some("set") => ListType::Set,
@@ -103,29 +132,40 @@ impl Schema {
                 None
             }
         });
-        Schema {
+        let wildcard = format!("{location}[*]");
+        let mut properties = Vec::new();
+        if let Some(props) = node.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                properties.push((
+                    k.clone(),
+                    Schema::compile_at(v, &field::child(location, k))?,
+                ));
+            }
+        }
+        let mut rules = Vec::new();
+        if let Some(entries) = node
+            .get("x-kubernetes-validations")
+            .and_then(Value::as_array)
+        {
+            for entry in entries {
+                rules.push(Rule::compile(entry, node).map_err(|source| SchemaError {
+                    location: if location.is_empty() {
+                        "<root>".to_string()
+                    } else {
+                        location.to_string()
+                    },
+                    source,
+                })?);
+            }
+        }
+        Ok(Schema {
             type_: str_of("type"),
             int_or_string: bool_of("x-kubernetes-int-or-string"),
             nullable: bool_of("nullable"),
             format: str_of("format"),
-            properties: node
-                .get("properties")
-                .and_then(Value::as_object)
-                .map(|props| {
-                    props
-                        .iter()
-                        .map(|(k, v)| (k.clone(), Schema::compile(v)))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            additional: node
-                .get("additionalProperties")
-                .filter(|v| v.is_object())
-                .map(|v| Box::new(Schema::compile(v))),
-            items: node
-                .get("items")
-                .filter(|v| v.is_object())
-                .map(|v| Box::new(Schema::compile(v))),
+            properties,
+            additional: child("additionalProperties", wildcard.clone())?,
+            items: child("items", wildcard)?,
             required: node
                 .get("required")
                 .and_then(Value::as_array)
@@ -152,19 +192,12 @@ impl Schema {
             unique_items: bool_of("uniqueItems"),
             default: node.get("default").cloned(),
             list,
-            rules: node
-                .get("x-kubernetes-validations")
-                .and_then(Value::as_array)
-                .map(|rules| rules.iter().map(Rule::compile).collect())
-                .unwrap_or_default(),
-            all_of: list_of("allOf"),
-            any_of: list_of("anyOf"),
-            one_of: list_of("oneOf"),
-            not: node
-                .get("not")
-                .filter(|v| v.is_object())
-                .map(|v| Box::new(Schema::compile(v))),
-        }
+            rules,
+            all_of: list_of("allOf")?,
+            any_of: list_of("anyOf")?,
+            one_of: list_of("oneOf")?,
+            not: child("not", location.to_string())?,
+        })
     }
 
     /// The schema of property `name`.
@@ -176,11 +209,35 @@ impl Schema {
     }
 
     /// The schema of the value under key `name` of an object of this schema.
-    fn member(&self, name: &str) -> Option<&Schema> {
+    pub(crate) fn member(&self, name: &str) -> Option<&Schema> {
         self.property(name).or(self.additional.as_deref())
     }
 
-    /// Every rule of this schema and below, for checks of the generated CRDs.
+    /// The schema of the items of a list of this schema.
+    pub(crate) fn item_schema(&self) -> Option<&Schema> {
+        self.items.as_deref()
+    }
+
+    /// How CEL compares lists of this schema.
+    pub(crate) fn list_order(&self) -> ListOrder {
+        match self.list {
+            ListType::Atomic => ListOrder::Ordered,
+            ListType::Set | ListType::Map(_) => ListOrder::Unordered,
+        }
+    }
+
+    /// How CEL types numbers of this schema: `double` under `type:
+    /// number`, else `int` when integral.
+    pub(crate) fn cel_number(&self) -> NumberKind {
+        if self.type_.as_deref() == Some("number") && !self.int_or_string {
+            NumberKind::Double
+        } else {
+            NumberKind::Int
+        }
+    }
+
+    /// Every rule of this schema and below (`allOf` branches included), in
+    /// no particular order.
     pub(crate) fn rules(&self) -> Vec<&Rule> {
         let mut out: Vec<&Rule> = self.rules.iter().collect();
         let children = self
@@ -188,7 +245,8 @@ impl Schema {
             .iter()
             .map(|(_, s)| s)
             .chain(self.additional.as_deref())
-            .chain(self.items.as_deref());
+            .chain(self.items.as_deref())
+            .chain(&self.all_of);
         for child in children {
             out.extend(child.rules());
         }
@@ -240,7 +298,13 @@ impl Schema {
     /// Validates `value` (at field path `path`, empty for the object's
     /// root) against the schema; `old` is the stored value on updates.
     pub fn validate(&self, value: &Value, old: Option<&Value>, path: &str) -> Vec<FieldError> {
-        let mut errors = Errors::default();
+        let mut errors = Errors {
+            schema: Vec::new(),
+            lists: Vec::new(),
+            rules: Vec::new(),
+            budget: Budget::new(cel::PER_OBJECT_LIMIT),
+            stopped: false,
+        };
         self.walk(value, old, path, &mut errors);
         let mut out = errors.schema;
         out.extend(errors.lists);
@@ -269,28 +333,24 @@ impl Schema {
                 if x.len() != y.len() {
                     return false;
                 }
-                let eq = |v: &Value, w: &Value| match self.items.as_deref() {
-                    Some(s) => s.equal(v, w),
-                    None => v == w,
-                };
                 if self.list == ListType::Atomic {
+                    let eq = |v: &Value, w: &Value| match self.items.as_deref() {
+                        Some(s) => s.equal(v, w),
+                        None => v == w,
+                    };
                     return x.iter().zip(y).all(|(v, w)| eq(v, w));
                 }
-                let mut used = vec![false; y.len()];
-                x.iter().all(|v| {
-                    let found = y
+                // The same elements in any order: sorted canonical forms
+                // compare in O(n log n) where pairing them would be O(n²).
+                let sorted = |list: &[Value]| {
+                    let mut forms: Vec<String> = list
                         .iter()
-                        .enumerate()
-                        .find(|(i, w)| !used[*i] && eq(v, w))
-                        .map(|(i, _)| i);
-                    match found {
-                        Some(i) => {
-                            used[i] = true;
-                            true
-                        }
-                        None => false,
-                    }
-                })
+                        .map(|v| canonical(self.items.as_deref(), v))
+                        .collect();
+                    forms.sort_unstable();
+                    forms
+                };
+                sorted(x) == sorted(y)
             }
             _ => a == b,
         }
@@ -380,12 +440,21 @@ impl Schema {
             Value::Array(items) => {
                 self.check_list(items, path, &mut errors.lists);
                 if let Some(schema) = &self.items {
-                    let old_items = old.and_then(Value::as_array);
+                    // Items of a map list correlate with the first old item
+                    // of the same key.
+                    let mut old_by_key = std::collections::HashMap::new();
+                    if let (ListType::Map(keys), Some(old_items)) =
+                        (&self.list, old.and_then(Value::as_array))
+                    {
+                        for o in old_items {
+                            old_by_key.entry(map_key(keys, o)).or_insert(o);
+                        }
+                    }
                     for (i, item) in items.iter().enumerate() {
-                        let old_item = match (&self.list, old_items) {
-                            (ListType::Map(keys), Some(old_items)) => old_items
-                                .iter()
-                                .find(|o| keys.iter().all(|k| o.get(k) == item.get(k))),
+                        let old_item = match &self.list {
+                            ListType::Map(keys) if !old_by_key.is_empty() => {
+                                old_by_key.get(&map_key(keys, item)).copied()
+                            }
                             _ => None,
                         };
                         schema.walk(item, old_item, &field::index(path, i), errors);
@@ -394,15 +463,29 @@ impl Schema {
             }
             _ => {}
         }
+        // After the children's, as this hub has always listed rule errors
+        // (kube-apiserver evaluates a node's rules before its children's).
+        self.evaluate_rules(value, old, path, errors);
+    }
 
-        for rule in &self.rules {
-            if rule.evaluate(value, old, |a, b| self.equal(a, b)) == Verdict::Fail {
-                let at = if path.is_empty() { "<nil>" } else { path };
-                errors.rules.push(FieldError::invalid(
-                    at,
-                    self.type_name().to_string(),
-                    rule.message(),
-                ));
+    /// The node's rules, then those of its `allOf` branches.
+    fn evaluate_rules(&self, value: &Value, old: Option<&Value>, path: &str, errors: &mut Errors) {
+        let type_name = self.type_.as_deref().unwrap_or_default();
+        let rules = self
+            .rules
+            .iter()
+            .chain(self.all_of.iter().flat_map(|b| &b.rules));
+        for rule in rules {
+            if errors.stopped {
+                return;
+            }
+            match rule.evaluate(value, old, self, path, type_name, &errors.budget) {
+                Outcome::Pass | Outcome::Skipped => {}
+                Outcome::Error(e) => errors.rules.push(e),
+                Outcome::Stop(e) => {
+                    errors.rules.push(e);
+                    errors.stopped = true;
+                }
             }
         }
     }
@@ -576,50 +659,100 @@ impl Schema {
         }
     }
 
-    /// Duplicates in lists of type set and map.
+    /// Duplicates in lists of type set and map, found in one pass (a list
+    /// may hold hundreds of thousands of items).
     fn check_list(&self, items: &[Value], path: &str, out: &mut Vec<FieldError>) {
         match &self.list {
             ListType::Atomic => {}
             ListType::Set => {
+                let mut seen = std::collections::HashSet::new();
                 for (i, item) in items.iter().enumerate() {
-                    if items[..i].iter().any(|prev| self.item_equal(prev, item)) {
+                    if !seen.insert(canonical(self.items.as_deref(), item)) {
                         out.push(FieldError::duplicate(field::index(path, i), item.clone()));
                     }
                 }
             }
             ListType::Map(keys) => {
-                let key_of = |item: &Value| -> Option<Map<String, Value>> {
-                    let obj = item.as_object()?;
-                    Some(
-                        keys.iter()
-                            .filter_map(|k| obj.get(k).map(|v| (k.clone(), v.clone())))
-                            .collect(),
-                    )
-                };
+                let mut seen = std::collections::HashSet::new();
                 for (i, item) in items.iter().enumerate() {
-                    let Some(key) = key_of(item) else {
+                    let Some(obj) = item.as_object() else {
                         continue;
                     };
-                    if items[..i]
+                    let key: Map<String, Value> = keys
                         .iter()
-                        .any(|prev| key_of(prev).as_ref() == Some(&key))
-                    {
-                        out.push(FieldError::duplicate(
-                            field::index(path, i),
-                            Value::Object(key),
-                        ));
+                        .filter_map(|k| obj.get(k).map(|v| (k.clone(), v.clone())))
+                        .collect();
+                    let key = Value::Object(key);
+                    if !seen.insert(canonical(None, &key)) {
+                        out.push(FieldError::duplicate(field::index(path, i), key));
                     }
                 }
             }
         }
     }
+}
 
-    fn item_equal(&self, a: &Value, b: &Value) -> bool {
-        match &self.items {
-            Some(s) => s.equal(a, b),
-            None => a == b,
+/// A string that two values share exactly when [`Schema::equal`] (under
+/// `schema`; exact JSON equality without one) holds for them: numbers by
+/// value, object keys sorted, set and map lists sorted.
+fn canonical(schema: Option<&Schema>, value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(schema, value, &mut out);
+    out
+}
+
+fn write_canonical(schema: Option<&Schema>, value: &Value, out: &mut String) {
+    match value {
+        Value::Number(n) if schema.is_some() => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => out.push_str(&i.to_string()),
+            (None, Some(f)) if f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64 => {
+                out.push_str(&(f as i64).to_string());
+            }
+            _ => out.push_str(&n.to_string()),
+        },
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, String)> = map
+                .iter()
+                .map(|(k, v)| (k, canonical(schema.and_then(|s| s.member(k)), v)))
+                .collect();
+            entries.sort_unstable();
+            out.push('{');
+            for (k, v) in entries {
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                out.push_str(&v);
+                out.push(',');
+            }
+            out.push('}');
         }
+        Value::Array(items) => {
+            let items_schema = schema.and_then(|s| s.items.as_deref());
+            let mut forms: Vec<String> = items.iter().map(|v| canonical(items_schema, v)).collect();
+            if schema.is_some_and(|s| s.list != ListType::Atomic) {
+                forms.sort_unstable();
+            }
+            out.push('[');
+            for f in forms {
+                out.push_str(&f);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
     }
+}
+
+/// The key of a map-list item: its values at `keys`, absent ones included.
+fn map_key(keys: &[String], item: &Value) -> String {
+    let mut out = String::new();
+    for k in keys {
+        match item.get(k) {
+            Some(v) => out.push_str(&canonical(None, v)),
+            None => out.push('\u{1}'),
+        }
+        out.push('\u{0}');
+    }
+    out
 }
 
 /// The OpenAPI type of a JSON value; integral numbers are `integer`.
@@ -730,7 +863,7 @@ mod tests {
     use serde_json::json;
 
     fn schema() -> Schema {
-        Schema::compile(&json!({
+        compile(json!({
             "type": "object",
             "properties": {
                 "spec": {
@@ -772,6 +905,10 @@ mod tests {
                 }
             }
         }))
+    }
+
+    fn compile(node: Value) -> Schema {
+        Schema::compile(&node).unwrap()
     }
 
     fn messages(errors: &[FieldError]) -> Vec<String> {
@@ -845,6 +982,69 @@ mod tests {
             s.validate(&changed, None, "")
                 .iter()
                 .all(|e| !e.detail.contains("immutable"))
+        );
+    }
+
+    /// Set and map lists of hostile length are checked for duplicates,
+    /// correlated and compared without pairing every item with every other.
+    #[test]
+    fn big_lists_are_checked_in_linear_time() {
+        let s = schema();
+        let n = 50_000;
+        let items: Vec<Value> = (0..n)
+            .map(|i| json!({"name": format!("n{i}"), "v": i}))
+            .collect();
+        let tags: Vec<Value> = (0..n).map(|i| json!(format!("t{i}"))).collect();
+        let mut old = json!({"spec": {"name": "a", "items": items, "tags": tags}});
+        let started = std::time::Instant::now();
+        assert_eq!(
+            messages(&s.validate(&old, None, "")),
+            ["spec.items: Too many: must have at most 2 items"]
+        );
+        let mut new = old.clone();
+        for list in ["items", "tags"] {
+            if let Some(list) = new["spec"][list].as_array_mut() {
+                list.reverse();
+            }
+        }
+        // Reordered set and map lists equal the old ones: nothing to report.
+        assert!(s.validate(&new, Some(&old), "").is_empty());
+        // A changed item is found by its key, wherever it moved.
+        new["spec"]["items"][0]["v"] = json!(-1);
+        old["spec"]["tags"][7] = json!("t8");
+        assert_eq!(
+            messages(&s.validate(&new, Some(&old), "")),
+            [
+                "spec.items: Too many: must have at most 2 items",
+                "spec.items[0].v: Invalid value: \"integer\": v is immutable",
+            ]
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
+        assert_eq!(
+            messages(&s.validate(&old, None, "")),
+            [
+                "spec.items: Too many: must have at most 2 items",
+                "spec.tags[8]: Duplicate value: \"t8\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn canonical_forms_follow_equality() {
+        let s = schema();
+        let spec = s.property("spec").unwrap();
+        let a = json!({"count": 1, "tags": ["x", "y"], "name": "n"});
+        let b = json!({"name": "n", "tags": ["y", "x"], "count": 1.0});
+        assert!(spec.equal(&a, &b));
+        assert_eq!(canonical(Some(spec), &a), canonical(Some(spec), &b));
+        let c = json!({"name": "n", "tags": ["y", "x"], "count": 2});
+        assert!(!spec.equal(&a, &c));
+        assert_ne!(canonical(Some(spec), &a), canonical(Some(spec), &c));
+        // Without a schema, equality is exact JSON equality.
+        assert_ne!(canonical(None, &json!(1)), canonical(None, &json!(1.0)));
+        assert_eq!(
+            canonical(None, &json!({"a": 1, "b": 2})),
+            canonical(None, &json!({"b": 2, "a": 1}))
         );
     }
 

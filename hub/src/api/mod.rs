@@ -44,6 +44,7 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
     let mut defs = Vec::new();
     for (file, text) in CRDS {
         let crd: Value = serde_saphyr::from_str(text).with_context(|| format!("parsing {file}"))?;
+        compile_rules(&crd).with_context(|| format!("compiling the rules of {file}"))?;
         defs.push(from_crd(&crd).with_context(|| format!("reading {file}"))?);
     }
     if let Some(trainjobs) = defs.iter_mut().find(|d| d.store_key() == TRAINJOBS) {
@@ -53,6 +54,19 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
     defs.push(trainhub_apiserver::namespace::resource_def());
     defs.extend(trainhub_apiserver::review::resource_defs());
     Ok(defs)
+}
+
+/// Compiles the `x-kubernetes-validations` rules of every version of a
+/// CRD: a CRD is served only if each of its rules compiles (see
+/// [`crate::admission::Schema::compile`]).
+fn compile_rules(crd: &Value) -> Result<()> {
+    for version in crd["spec"]["versions"].as_array().into_iter().flatten() {
+        if let Some(schema) = version.pointer("/schema/openAPIV3Schema") {
+            crate::admission::Schema::compile(schema)
+                .with_context(|| format!("version {}", version["name"]))?;
+        }
+    }
+    Ok(())
 }
 
 /// The SPOKE column of `kubectl get trainjobs`: where the TrainJob runs,

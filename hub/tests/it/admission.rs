@@ -52,6 +52,7 @@ impl Hub {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(RedbStore::open(&dir.path().join("store.redb"), 100).unwrap());
         let admission = TrainerAdmission::new(store.clone(), plugins)
+            .unwrap()
             .with_clock(|| UNIX_EPOCH + Duration::from_secs(NOW_SECS));
         Hub {
             store,

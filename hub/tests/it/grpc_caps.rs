@@ -33,7 +33,8 @@ async fn serve(limits: GrpcLimits) -> Listener {
     let host = common::host();
     let builtins = trainhub::builtin::load(&host).expect("built-in plugins");
     let plugins = Arc::new(Registry::new(host, builtins, None));
-    let admission = Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()));
+    let admission =
+        Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()).expect("schemas"));
     let dispatch = Dispatch::new(store, admission, plugins, DispatchConfig::default());
     tokio::spawn(dispatch.clone().run(std::future::pending()));
     let ca = Ca::generate("caps-ca").expect("ca");

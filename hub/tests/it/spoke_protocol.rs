@@ -145,7 +145,8 @@ impl Fixture {
         let host = common::host();
         let builtins = trainhub::builtin::load(&host).expect("built-in plugins");
         let plugins = Arc::new(Registry::new(host, builtins, None));
-        let admission = Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()));
+        let admission =
+            Arc::new(TrainerAdmission::new(store.clone(), plugins.clone()).expect("schemas"));
         let dispatch = Dispatch::new(
             store.clone(),
             admission.clone(),
