@@ -3,6 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
 
 use super::placement::{Eligibility, Spoke, Where, headroom};
 use super::{Action, Dispatcher, Job, JobKey, Millis, Mode, OfferState, Phase, gang_total};
@@ -61,6 +62,19 @@ impl Queue {
     /// The queued jobs of ClusterQueue `cq`, in order.
     pub(super) fn of(&self, cq: &str) -> impl Iterator<Item = &JobKey> {
         self.by_cq.get(cq).into_iter().flatten().map(|(_, _, k)| k)
+    }
+
+    /// The queued job of ClusterQueue `cq` that comes next after `after`
+    /// (the first with None).
+    pub(super) fn next_in(&self, cq: &str, after: Option<&QueueKey>) -> Option<QueueKey> {
+        let set = self.by_cq.get(cq)?;
+        match after {
+            None => set.first().cloned(),
+            Some(after) => set
+                .range((Bound::Excluded(after), Bound::Unbounded))
+                .next()
+                .cloned(),
+        }
     }
 }
 

@@ -28,6 +28,10 @@ use crate::dispatch::quota::{
     ReclaimWithinCohort, Reservation, StopPolicy, Waiting, WithinClusterQueue, reason,
 };
 
+/// When quota is given back, a ClusterQueue's waiting jobs may fail this
+/// many attempts before the rest wait for the next pass over the queue.
+const FREED_FAILURES: usize = 2;
+
 /// How a placed job is evicted.
 struct Eviction {
     /// The reason of the Event recorded on the TrainJob.
@@ -441,23 +445,24 @@ impl Dispatcher {
 
     /// Quota of ClusterQueue `cq` was given back: the jobs waiting in its
     /// cohort tree are tried, in queue order within each ClusterQueue, until
-    /// a ClusterQueue's head blocks (StrictFIFO) or a few fail.
+    /// a ClusterQueue's head blocks (StrictFIFO) or [`FREED_FAILURES`] of
+    /// its jobs fail (the rest wait for the next pass over the queue).
     fn quota_freed(&mut self, cq: &str, now: Millis) -> Vec<Action> {
         let members = self.quotas.tree_members(cq).to_vec();
         let mut actions = Vec::new();
         for member in members {
-            let waiting: Vec<JobKey> = self
-                .queue
-                .of(&member)
-                .filter(|k| !self.quotas.is_reserved(k))
-                .cloned()
-                .collect();
+            let mut cursor = None;
             let mut failures = 0;
-            for key in waiting {
+            while let Some(next) = self.queue.next_in(&member, cursor.as_ref()) {
+                let key = next.2.clone();
+                cursor = Some(next);
+                if self.quotas.is_reserved(&key) {
+                    continue;
+                }
                 actions.extend(self.nominate(&key, now));
                 if !self.quotas.is_reserved(&key) {
                     failures += 1;
-                    if failures >= 8 {
+                    if failures >= FREED_FAILURES {
                         break;
                     }
                 }
@@ -467,7 +472,8 @@ impl Dispatcher {
     }
 
     /// Preemptors that waited `offer_timeout` for their spoke give up the
-    /// spoke; without a pending offer they give their quota back too.
+    /// pin: the nomination that follows in [`Dispatcher::tick`] offers them
+    /// wherever they fit, or gives their quota back.
     pub(super) fn expire_pins(&mut self, now: Millis) {
         let expired: Vec<JobKey> = self
             .quotas
@@ -481,15 +487,6 @@ impl Dispatcher {
             .collect();
         for key in expired {
             self.quotas.unpin(&key);
-            let pending = self.jobs.get(&key).is_some_and(|j| match &j.phase {
-                Phase::Queued { offers, .. } => offers
-                    .values()
-                    .any(|s| matches!(s, OfferState::Pending { .. })),
-                _ => true,
-            });
-            if !pending {
-                self.unreserve(&key);
-            }
         }
     }
 

@@ -528,15 +528,38 @@ fn equal_priority_is_not_preempted_and_a_gang_too_big_for_any_spoke_preempts_not
         !actions.iter().any(|a| matches!(a, Action::Stop { .. })),
         "{actions:?}"
     );
-    // A pinned preemptor whose spoke never takes it gives the quota back.
-    let actions = d.upsert_job(managed("high", "cq", 4000, 5, 7), None, 42);
-    assert!(actions.iter().any(|a| matches!(a, Action::Stop { .. })));
-    d.admit_answer("s2", "uid-high", 1, false, 43);
-    d.tick(42 + 2000);
+}
+
+#[test]
+fn a_preemptor_whose_spoke_never_takes_it_gives_up_the_spoke_and_then_its_quota() {
+    let mut d = full_queue();
+    let actions = d.upsert_job(managed("high", "cq", 4000, 5, 7), None, 40);
     assert!(
-        d.quotas()
-            .reservation(&key("high"))
-            .is_none_or(|r| r.pin.is_none())
+        actions
+            .iter()
+            .any(|a| matches!(a, Action::Stop { spoke, .. } if spoke == "s2"))
+    );
+    // s2 refuses, and reports no room (something else took it).
+    d.admit_answer("s2", "uid-high", 1, false, 41);
+    d.spoke_heartbeat("s2", vec![("cpu".into(), 8000, 0)], &[], 42);
+    d.spoke_heartbeat("s1", vec![("cpu".into(), 8000, 0)], &[], 42);
+    // Its refusal expires: it is offered its spoke again (whatever the room
+    // reported), and keeps its quota when refused again.
+    let actions = d.tick(1000);
+    assert_eq!(
+        offered(&actions),
+        BTreeSet::from([("high".to_string(), "s2".to_string())])
+    );
+    d.admit_answer("s2", "uid-high", 1, false, 1001);
+    assert!(d.quotas().reservation(&key("high")).unwrap().pin.is_some());
+    // After the offer timeout the pin goes, and with no spoke to offer it
+    // to, the quota too.
+    d.tick(40 + 2000);
+    assert!(!d.quotas().is_reserved(&key("high")));
+    assert!(
+        waiting_message(&d, "high").contains("admitted it yet"),
+        "{}",
+        waiting_message(&d, "high")
     );
 }
 

@@ -139,13 +139,15 @@ impl Tree {
     }
 
     fn cell_mut(&mut self, node: NodeId, flavor: &str, resource: &str) -> Option<&mut Cell> {
-        let cells = self
-            .nodes
-            .get_mut(node)?
-            .cells
-            .entry(flavor.to_string())
-            .or_default();
-        Some(cells.entry(resource.to_string()).or_default())
+        let node = self.nodes.get_mut(node)?;
+        if !node.cells.contains_key(flavor) {
+            node.cells.insert(flavor.to_string(), HashMap::new());
+        }
+        let cells = node.cells.get_mut(flavor)?;
+        if !cells.contains_key(resource) {
+            cells.insert(resource.to_string(), Cell::default());
+        }
+        cells.get_mut(resource)
     }
 
     /// The node's own quota.
