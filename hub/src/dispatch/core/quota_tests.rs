@@ -785,10 +785,12 @@ fn quota_holds_and_no_job_runs_twice_under_any_sequence_of_events() {
                         }
                         running.insert(run_id, (spoke, generation));
                     }
-                    Action::Stop { spoke, run_id, generation, .. } => {
-                        if running.get(&run_id).is_some_and(|(s, g)| *s == spoke && *g <= generation) {
-                            running.remove(&run_id);
-                        }
+                    Action::Stop { spoke, run_id, generation, .. }
+                        if running
+                            .get(&run_id)
+                            .is_some_and(|(s, g)| *s == spoke && *g <= generation) =>
+                    {
+                        running.remove(&run_id);
                     }
                     _ => {}
                 }
@@ -903,22 +905,13 @@ fn saturation_with_quotas_on() {
             0,
         );
     }
-    let jobs = 10_000;
+    let jobs: i32 = 10_000;
     let started = std::time::Instant::now();
     let mut pending: Vec<Action> = Vec::new();
     for j in 0..jobs {
         let name = format!("j{j}");
-        pending.extend(d.upsert_job(
-            managed(
-                &name,
-                &format!("q{}", j % 10),
-                2000,
-                (j % 3) as i32,
-                j as i64,
-            ),
-            None,
-            1,
-        ));
+        let info = managed(&name, &format!("q{}", j % 10), 2000, j % 3, i64::from(j));
+        pending.extend(d.upsert_job(info, None, 1));
     }
     let mut done = 0;
     let mut admitted: BTreeSet<String> = BTreeSet::new();
@@ -930,18 +923,16 @@ fn saturation_with_quotas_on() {
                 run_id,
                 generation,
                 ..
-            } => {
-                if admitted.insert(run_id.clone()) {
-                    let actions = d.admit_answer(&spoke, &run_id, generation, true, 2);
-                    for a in &actions {
-                        if let Action::Commit { placement, .. } = a
-                            && placement.spoke.is_some()
-                        {
-                            pending.extend(d.committed(&job, placement, true, 2));
-                        }
+            } if admitted.insert(run_id.clone()) => {
+                let actions = d.admit_answer(&spoke, &run_id, generation, true, 2);
+                for a in &actions {
+                    if let Action::Commit { placement, .. } = a
+                        && placement.spoke.is_some()
+                    {
+                        pending.extend(d.committed(&job, placement, true, 2));
                     }
-                    pending.extend(actions);
                 }
+                pending.extend(actions);
             }
             Action::Start { job, .. } => {
                 done += 1;
@@ -955,7 +946,7 @@ fn saturation_with_quotas_on() {
     let elapsed = started.elapsed();
     println!(
         "{done} of {jobs} TrainJobs admitted by quota, placed and finished in {elapsed:?}: {:.0}/s",
-        done as f64 / elapsed.as_secs_f64()
+        f64::from(done) / elapsed.as_secs_f64()
     );
     assert_eq!(done, jobs);
 }
