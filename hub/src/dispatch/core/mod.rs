@@ -26,6 +26,16 @@
 //! - a deleted TrainJob (its finalizer holds it) has its run stopped, and is
 //!   released once the spoke confirms, once the spoke is declared lost, or
 //!   after `deletion_timeout`.
+//!
+//! A TrainJob in a queue (`JobInfo::queue`) is admitted by quota first, as
+//! Kueue admits a workload ([`crate::dispatch::quota`]; `quota.rs` here):
+//! it is offered only with its quota reserved, only to the spokes that
+//! provide its flavors, and may preempt others to get in.
+//!
+//! The files: `types.rs` (what goes in and out), `queue.rs` (dispatch
+//! order, nomination), `placement.rs` (which spokes may take a job),
+//! `jobs.rs` (TrainJob events), `answers.rs` (answers of spokes and of the
+//! store), `spokes.rs` (spoke events), `quota.rs` (quota in dispatch).
 
 mod answers;
 mod jobs;
