@@ -20,6 +20,7 @@
 pub mod authority;
 pub mod core;
 mod observe;
+pub mod quota;
 mod writer;
 
 use std::collections::{BTreeSet, HashMap};
@@ -769,6 +770,8 @@ impl Dispatch {
             selector,
             pod_sets,
             want,
+            // Queues are not wired yet: every TrainJob is unmanaged.
+            queue: None,
         })
     }
 
@@ -1113,6 +1116,9 @@ impl Dispatch {
                     let event = trainjob_event(&job, Some(&uid), kind, reason, &message);
                     self.record_events(&job, vec![event]);
                 }
+                // Only TrainJobs in a queue are evicted; queues are not
+                // wired yet.
+                Action::Evicted { .. } => {}
             }
         }
     }

@@ -1,0 +1,348 @@
+//! Dispatch decisions as a pure state machine: events in, [`Action`]s out,
+//! no I/O and no clock (time is passed in), so every rule is unit-tested.
+//!
+//! The semantics are MultiKueue's: a queued TrainJob is offered to the
+//! eligible spokes (all at once, or a few more every round); the first
+//! spoke to admit wins, the placement is committed to the store before the
+//! winner is told to start, and every other offer is withdrawn. A spoke
+//! that stays disconnected for `worker_lost_timeout` is given up and its
+//! runs requeued under a new generation; if it comes back, the runs it still
+//! holds are stale and stopped, so a TrainJob never runs on two spokes.
+//!
+//! Every run is named by `(run_id, generation)`: the TrainJob's uid and the
+//! number of its placement. Offers, starts and stops carry both; answers
+//! and reports about another generation than the current one are stale.
+//!
+//! Nothing stays stuck and no capacity leaks:
+//! - a placement loaded at start-up on a spoke that is not connected arms
+//!   the worker-lost timer from the load, as a disconnect would;
+//! - an offer not answered within `offer_timeout` is withdrawn and the job
+//!   nominated again;
+//! - every heartbeat lists the spoke's reservations: one the hub no longer
+//!   offers is withdrawn again, one it still offers counts as the admission
+//!   it never heard, one of a placement whose Start was lost gets the Start
+//!   again; an admission the hub is acting on that the spoke no longer
+//!   holds (it never started) is forgotten and the job nominated again;
+//! - a deleted TrainJob (its finalizer holds it) has its run stopped, and is
+//!   released once the spoke confirms, once the spoke is declared lost, or
+//!   after `deletion_timeout`.
+//!
+//! A TrainJob in a queue (`JobInfo::queue`) is admitted by quota first, as
+//! Kueue admits a workload ([`crate::dispatch::quota`]; `quota.rs` here):
+//! it is offered only with its quota reserved, only to the spokes that
+//! provide its flavors, and may preempt others to get in.
+//!
+//! The files: `types.rs` (what goes in and out), `queue.rs` (dispatch
+//! order, nomination), `placement.rs` (which spokes may take a job),
+//! `jobs.rs` (TrainJob events), `answers.rs` (answers of spokes and of the
+//! store), `spokes.rs` (spoke events), `quota.rs` (quota in dispatch).
+
+mod answers;
+mod jobs;
+mod placement;
+mod queue;
+mod quota;
+#[cfg(test)]
+mod quota_tests;
+mod spokes;
+#[cfg(test)]
+mod tests;
+mod types;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde_json::Value;
+
+use self::placement::Spoke;
+use self::queue::{Queue, QueueKey};
+pub use self::types::*;
+use crate::dispatch::quota::Quotas;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum OfferState {
+    Pending { at: Millis },
+    Refused { at: Millis },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Not wanted to run and not placed.
+    Idle,
+    /// Waiting for a spoke to admit it.
+    Queued {
+        offers: BTreeMap<String, OfferState>,
+        /// Incremental: when the current round began and how many spokes
+        /// may be nominated so far.
+        round_started: Millis,
+        quota: usize,
+    },
+    /// A spoke admitted; the placement is being written.
+    Committing { spoke: String },
+    /// Placed and (being) started.
+    Placed { spoke: String },
+    /// Deleted while placed: its run is being stopped on `spoke`, since
+    /// `since`.
+    Deleting { spoke: String, since: Millis },
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    info: JobInfo,
+    generation: i64,
+    phase: Phase,
+    /// When the current generation was last told to start.
+    started_at: Option<Millis>,
+    /// Made idle by a suspension (so queuing it again is a resumption).
+    suspended: bool,
+    /// Finished on its spoke and released: nothing left to fence, so a
+    /// deletion need not wait for the spoke.
+    released: bool,
+    /// Committing: heartbeats of the admitting spoke since the admission
+    /// that did not list it.
+    missed_heartbeats: u8,
+}
+
+impl Job {
+    fn queue_key(&self) -> QueueKey {
+        (
+            Reverse(self.info.priority),
+            self.info.created,
+            self.info.key.clone(),
+        )
+    }
+
+    fn placed_on(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Placed { spoke } | Phase::Committing { spoke } => Some(spoke),
+            _ => None,
+        }
+    }
+
+    /// The ClusterQueue of a job in a queue (None: unmanaged, or its
+    /// LocalQueue does not exist).
+    fn cluster_queue(&self) -> Option<&str> {
+        self.info.queue.as_ref()?.cluster_queue.as_deref()
+    }
+}
+
+/// The dispatcher's state. Feed it events; carry out the actions it returns.
+#[derive(Debug)]
+pub struct Dispatcher {
+    config: Config,
+    jobs: HashMap<JobKey, Job>,
+    by_uid: HashMap<String, JobKey>,
+    /// Queued jobs in dispatch order.
+    queue: Queue,
+    spokes: BTreeMap<String, Spoke>,
+    /// Advances with every nomination, so that spokes with equal room take
+    /// turns at the head of a limited fan-out.
+    turn: usize,
+    /// Cordoned spokes (`Spoke.spec.unschedulable`): offered nothing new;
+    /// kept across reconnects.
+    unschedulable: BTreeSet<String>,
+    /// Quota configuration and reservations of the jobs in a queue.
+    quotas: Quotas,
+    /// Why each job in a queue without a reservation waits.
+    waiting: HashMap<JobKey, (&'static str, String)>,
+    /// A job whose preemption found no victims searches again after this.
+    preempt_after: HashMap<JobKey, Millis>,
+}
+
+/// What the dispatcher knows of one spoke, for its `Spoke` status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpokeView {
+    pub labels: Value,
+    pub allocatable: Resources,
+    pub free: Resources,
+    /// When it disconnected; None while connected.
+    pub disconnected_at: Option<Millis>,
+    /// TrainJobs placed on it (committing or placed) that have not
+    /// finished.
+    pub running: usize,
+}
+
+impl Dispatcher {
+    pub fn new(config: Config) -> Self {
+        Dispatcher {
+            config,
+            jobs: HashMap::new(),
+            by_uid: HashMap::new(),
+            queue: Queue::default(),
+            spokes: BTreeMap::new(),
+            turn: 0,
+            unschedulable: BTreeSet::new(),
+            quotas: Quotas::default(),
+            waiting: HashMap::new(),
+            preempt_after: HashMap::new(),
+        }
+    }
+
+    /// The spokes the dispatcher knows (connected, or disconnected and not
+    /// yet given up), by name.
+    pub fn spoke_views(&self) -> BTreeMap<String, SpokeView> {
+        let mut running: HashMap<&str, usize> = HashMap::new();
+        for job in self.jobs.values() {
+            if let Some(spoke) = job.placed_on()
+                && job.info.want == Want::Run
+            {
+                *running.entry(spoke).or_default() += 1;
+            }
+        }
+        self.spokes
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    SpokeView {
+                        labels: s.labels.clone(),
+                        allocatable: s.allocatable.clone(),
+                        free: s.free.clone(),
+                        disconnected_at: s.disconnected_at,
+                        running: running.get(name.as_str()).copied().unwrap_or(0),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Queued TrainJobs.
+    pub fn queue_depth(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Connected spokes.
+    pub fn connected_spokes(&self) -> usize {
+        self.spokes
+            .values()
+            .filter(|s| s.disconnected_at.is_none())
+            .count()
+    }
+
+    /// The TrainJobs placed on a spoke.
+    pub fn placed_jobs(&self) -> std::collections::HashSet<JobKey> {
+        self.jobs
+            .values()
+            .filter(|j| j.placed_on().is_some_and(|s| !s.is_empty()))
+            .map(|j| j.info.key.clone())
+            .collect()
+    }
+
+    /// The names of a TrainJob's pod sets (its JobSet's replicated jobs),
+    /// while it wants to run.
+    pub fn pod_set_names(&self, key: &JobKey) -> Option<Vec<&str>> {
+        let job = self.jobs.get(key)?;
+        Some(job.info.pod_sets.iter().map(|p| p.name.as_str()).collect())
+    }
+
+    /// The spoke a TrainJob is placed on, with the generation.
+    pub fn placement(&self, key: &JobKey) -> Option<(&str, i64)> {
+        let job = self.jobs.get(key)?;
+        job.placed_on().map(|s| (s, job.generation))
+    }
+
+    /// Time passes: lost spokes are given up (their runs requeued, the
+    /// deleted TrainJobs waiting on them released), deletions waiting past
+    /// `deletion_timeout` released, unanswered offers past `offer_timeout`
+    /// withdrawn, incremental rounds widen, refusals expire, a preemptor
+    /// still waiting for its spoke after `offer_timeout` gives its quota
+    /// back.
+    pub fn tick(&mut self, now: Millis) -> Vec<Action> {
+        let lost: Vec<String> = self
+            .spokes
+            .iter()
+            .filter(|(_, s)| {
+                s.disconnected_at
+                    .is_some_and(|at| now.saturating_sub(at) >= self.config.worker_lost_timeout_ms)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut actions = Vec::new();
+        for name in &lost {
+            self.spokes.remove(name);
+            let requeue: Vec<JobKey> = self
+                .jobs
+                .values()
+                .filter(|job| {
+                    job.info.want == Want::Run
+                        && matches!(&job.phase, Phase::Placed { spoke } if spoke == name)
+                })
+                .map(|job| job.info.key.clone())
+                .collect();
+            for key in requeue {
+                let message = format!(
+                    "Requeued: spoke {name} stayed disconnected for the worker-lost timeout ({}s)",
+                    self.config.worker_lost_timeout_ms / 1000
+                );
+                actions.extend(self.requeue(&key, reason::SPOKE_LOST, message, now));
+            }
+        }
+        let retry_ms = self.config.retry_ms;
+        let offer_timeout_ms = self.config.offer_timeout_ms;
+        let deletion_timeout_ms = self.config.deletion_timeout_ms;
+        for job in self.jobs.values_mut() {
+            let uid = job.info.uid.clone();
+            match &mut job.phase {
+                Phase::Queued {
+                    offers,
+                    round_started,
+                    quota,
+                } => {
+                    let mut expired = Vec::new();
+                    offers.retain(|spoke, state| match state {
+                        OfferState::Refused { at } => now.saturating_sub(*at) < retry_ms,
+                        OfferState::Pending { at } => {
+                            if now.saturating_sub(*at) >= offer_timeout_ms {
+                                expired.push(spoke.clone());
+                            }
+                            true
+                        }
+                    });
+                    for spoke in expired {
+                        offers.insert(spoke.clone(), OfferState::Refused { at: now });
+                        actions.push(Action::Withdraw {
+                            spoke: spoke.clone(),
+                            run_id: uid.clone(),
+                            generation: job.generation,
+                        });
+                        actions.push(Action::Event {
+                            job: job.info.key.clone(),
+                            uid: uid.clone(),
+                            warning: true,
+                            reason: reason::OFFER_EXPIRED,
+                            message: format!(
+                                "The offer to spoke {spoke} (placement {}) went unanswered for {}s and was withdrawn",
+                                job.generation,
+                                offer_timeout_ms / 1000
+                            ),
+                        });
+                    }
+                    if let Mode::Incremental { step, round_ms } = self.config.mode
+                        && now.saturating_sub(*round_started) >= round_ms
+                    {
+                        *round_started = now;
+                        *quota = quota.saturating_add(step);
+                    }
+                }
+                Phase::Deleting { spoke, since }
+                    if lost.contains(spoke)
+                        || now.saturating_sub(*since) >= deletion_timeout_ms =>
+                {
+                    job.phase = Phase::Idle;
+                    actions.push(Action::Release {
+                        job: job.info.key.clone(),
+                        uid,
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.expire_pins(now);
+        actions.extend(self.dispatch_all(now));
+        actions
+    }
+}
