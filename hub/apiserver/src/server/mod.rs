@@ -12,6 +12,7 @@ mod handlers;
 mod inflight;
 mod namespaces;
 mod request;
+mod versions;
 mod watch;
 
 use std::collections::BTreeMap;
