@@ -300,7 +300,10 @@ impl Hub {
         };
         let mut builder = Server::builder(store.clone())
             .admission(Arc::new(spokes::SpokeAdmission {
-                inner: admission.clone(),
+                inner: Arc::new(crate::kueue::KueueAdmission::new(
+                    store.clone(),
+                    admission.clone(),
+                )),
             }))
             .logs(log_source.clone())
             .readiness({

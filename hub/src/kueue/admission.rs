@@ -1,0 +1,148 @@
+//! Admission of Kueue's kinds, in kube-apiserver's order: the CRD schema
+//! of the version the request is at (defaults, types, enums, required
+//! fields, the `x-kubernetes-validations` rules the hub evaluates), then
+//! Kueue's validating webhooks on the object at v1beta2 (the version they
+//! are registered for), then the hub's cross-object check of cohorts.
+//!
+//! Failures are 422 Invalid with one cause per field; the schema's paths
+//! are those of the request's version, the webhooks' those of v1beta2 (as
+//! with Kueue, whose webhook sees a v1beta1 request converted).
+
+#![allow(
+    clippy::result_large_err,
+    reason = "ApiError is the apiserver's type; a refusal ends the request"
+)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use serde_json::Value;
+use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
+use trainhub_apiserver::field::FieldError;
+use trainhub_apiserver::status::ApiError;
+use trainhub_apiserver::store::{Key, Store};
+
+use super::{CLUSTER_QUEUE, COHORT, COHORTS, GROUP, RESOURCE_FLAVOR, STORAGE_VERSION, conversion};
+use crate::admission::Schema;
+
+/// Admission for `kueue.x-k8s.io`; every other group goes to `inner`.
+pub struct KueueAdmission {
+    inner: Arc<dyn Admission>,
+    store: Arc<dyn Store>,
+}
+
+impl KueueAdmission {
+    /// Kueue's admission over `store` (where other cohorts are looked up),
+    /// in front of `inner`.
+    pub fn new(store: Arc<dyn Store>, inner: Arc<dyn Admission>) -> Self {
+        KueueAdmission { inner, store }
+    }
+
+    /// The hub's cohort check: `spec.parentName` may not lead back to the
+    /// Cohort itself.
+    fn check_cycle(&self, name: &str, cohort: &Value) -> Option<FieldError> {
+        let parent = cohort["spec"]["parentName"].as_str().unwrap_or_default();
+        super::validate::cohort_cycle(name, parent, |other| {
+            let stored = self.store.get(&Key::new(COHORTS, None, other))?;
+            stored.value["spec"]["parentName"]
+                .as_str()
+                .map(str::to_string)
+        })
+    }
+}
+
+/// The compiled schemas of the writable kinds, by (kind, version).
+fn schemas() -> &'static HashMap<(String, String), Schema> {
+    static SCHEMAS: OnceLock<HashMap<(String, String), Schema>> = OnceLock::new();
+    SCHEMAS.get_or_init(|| {
+        let defs = match super::api::resources() {
+            Ok(defs) => defs,
+            Err(e) => {
+                tracing::error!(error = %e, "Kueue's CRDs are unreadable; their objects are not validated");
+                Vec::new()
+            }
+        };
+        defs.into_iter()
+            .filter(|d| !d.read_only)
+            .filter_map(|d| {
+                let schema = Schema::compile(d.schema.as_ref()?);
+                Some(((d.kind, d.version), schema))
+            })
+            .collect()
+    })
+}
+
+impl Admission for KueueAdmission {
+    fn admit(&self, request: &Request<'_>, object: &mut Value) -> Result<Outcome, ApiError> {
+        let def = request.resource;
+        if def.group != GROUP {
+            return self.inner.admit(request, object);
+        }
+        if request.operation == Operation::Delete {
+            return Ok(Outcome::default());
+        }
+        let kind = def.kind.as_str();
+        let Some(schema) = schemas().get(&(def.kind.clone(), def.version.clone())) else {
+            return Ok(Outcome::default());
+        };
+        let invalid = |errors: &[FieldError]| ApiError::invalid(GROUP, kind, request.name, errors);
+        let old = request.old.map(|o| {
+            let mut o = o.clone();
+            schema.apply_defaults(&mut o);
+            o
+        });
+        match request.subresource {
+            None => {}
+            Some("status") => {
+                let (Some(status_schema), Some(status)) =
+                    (schema.property("status"), object.get_mut("status"))
+                else {
+                    return Ok(Outcome::default());
+                };
+                status_schema.apply_defaults(status);
+                let before = old.as_ref().and_then(|o| o.get("status"));
+                let errors = status_schema.validate(status, before, "status");
+                return if errors.is_empty() {
+                    Ok(Outcome::default())
+                } else {
+                    Err(invalid(&errors))
+                };
+            }
+            Some(_) => return Ok(Outcome::default()),
+        }
+        schema.apply_defaults(object);
+        // The status belongs to the status subresource: not judged here.
+        let status = def
+            .status_subresource
+            .then(|| object.as_object_mut().and_then(|m| m.remove("status")))
+            .flatten();
+        let errors = schema.validate(object, old.as_ref(), "");
+        if let (Some(status), Some(map)) = (status, object.as_object_mut()) {
+            map.insert("status".into(), status);
+        }
+        if !errors.is_empty() {
+            return Err(invalid(&errors));
+        }
+        // Kueue's webhooks judge the object at v1beta2.
+        let at_storage = |value: &Value| {
+            conversion::convert(kind, value.clone(), &def.version, STORAGE_VERSION)
+                .map_err(|e| ApiError::internal(format!("converting {kind} to v1beta2: {e}")))
+        };
+        let new = at_storage(object)?;
+        let old = old.as_ref().map(at_storage).transpose()?;
+        let mut errors = match kind {
+            CLUSTER_QUEUE => super::validate::cluster_queue(&new, old.as_ref()),
+            COHORT => super::validate::cohort(&new),
+            RESOURCE_FLAVOR => super::validate::resource_flavor(&new),
+            _ => Vec::new(),
+        };
+        if kind == COHORT {
+            errors.extend(self.check_cycle(request.name, &new));
+        }
+        if errors.is_empty() {
+            Ok(Outcome::default())
+        } else {
+            Err(invalid(&errors))
+        }
+    }
+}
