@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::Value;
 use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
 use trainhub_apiserver::field::FieldError;
+use trainhub_apiserver::resource::ResourceDef;
 use trainhub_apiserver::status::ApiError;
 use trainhub_apiserver::store::{Key, Store};
 
@@ -36,6 +37,16 @@ impl KueueAdmission {
     /// in front of `inner`.
     pub fn new(store: Arc<dyn Store>, inner: Arc<dyn Admission>) -> Self {
         KueueAdmission { inner, store }
+    }
+
+    /// The stored object an update replaces, at v1beta2 with its defaults.
+    fn stored(&self, def: &ResourceDef, request: &Request<'_>) -> Option<Value> {
+        let key = Key::new(&def.store_key(), request.namespace, request.name);
+        let mut old = self.store.get(&key)?.value.as_ref().clone();
+        if let Some(schema) = schemas().get(&(def.kind.clone(), STORAGE_VERSION.to_string())) {
+            schema.apply_defaults(&mut old);
+        }
+        Some(old)
     }
 
     /// The hub's cohort check: `spec.parentName` may not lead back to the
@@ -123,13 +134,15 @@ impl Admission for KueueAdmission {
         if !errors.is_empty() {
             return Err(invalid(&errors));
         }
-        // Kueue's webhooks judge the object at v1beta2.
-        let at_storage = |value: &Value| {
-            conversion::convert(kind, value.clone(), &def.version, STORAGE_VERSION)
-                .map_err(|e| ApiError::internal(format!("converting {kind} to v1beta2: {e}")))
+        // Kueue's webhooks judge the object at v1beta2, and the old object
+        // as stored (with what v1beta1 cannot show, such as a v1beta2-only
+        // field an update at v1beta1 would drop).
+        let new = conversion::convert(kind, object.clone(), &def.version, STORAGE_VERSION)
+            .map_err(|e| ApiError::internal(format!("converting {kind} to v1beta2: {e}")))?;
+        let old = match request.operation {
+            Operation::Update => self.stored(def, request),
+            _ => None,
         };
-        let new = at_storage(object)?;
-        let old = old.as_ref().map(at_storage).transpose()?;
         let mut errors = match kind {
             CLUSTER_QUEUE => super::validate::cluster_queue(&new, old.as_ref()),
             COHORT => super::validate::cohort(&new),

@@ -347,6 +347,43 @@ async fn cohort_and_cohort_name_read_back_across_versions() {
     let stored = api.stored("kueue.x-k8s.io/clusterqueues", None, "team-b");
     assert_eq!(stored["spec"]["cohortName"], "vision");
 
+    // A v1beta2-only field cannot be dropped by an update at v1beta1: Kueue's
+    // webhook compares with the object as stored.
+    let with_policy = cluster_queue("v1beta2", "team-c", {
+        let mut spec = quota_spec();
+        spec["concurrentAdmissionPolicy"] = json!({"migration": {"mode": "TryPreferredFlavors"}});
+        spec
+    });
+    assert_eq!(api.create(&with_policy).await.0, StatusCode::CREATED);
+    let (_, mut at_v1beta1) = api
+        .admin(
+            "GET",
+            "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/team-c",
+            None,
+        )
+        .await;
+    assert!(
+        at_v1beta1["spec"]
+            .get("concurrentAdmissionPolicy")
+            .is_none()
+    );
+    at_v1beta1["spec"]["queueingStrategy"] = json!("StrictFIFO");
+    let (status, refused) = api
+        .admin(
+            "PUT",
+            "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/team-c",
+            Some(&at_v1beta1),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused:#}");
+    assert_eq!(
+        causes(&refused),
+        [(
+            "spec.concurrentAdmissionPolicy".to_string(),
+            "Invalid value: null: field is immutable".to_string()
+        )]
+    );
+
     // Lists at v1beta1 are v1beta1 throughout.
     let (_, list) = api
         .admin("GET", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues", None)
@@ -356,9 +393,9 @@ async fn cohort_and_cohort_name_read_back_across_versions() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|i| i["spec"]["cohort"].as_str().unwrap())
+        .map(|i| i["spec"]["cohort"].as_str().unwrap_or_default())
         .collect();
-    assert_eq!(cohorts, ["research", "vision"]);
+    assert_eq!(cohorts, ["research", "vision", ""]);
 }
 
 #[tokio::test]
