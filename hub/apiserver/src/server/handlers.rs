@@ -1135,12 +1135,17 @@ pub(crate) async fn delete_object(
     if namespace_object {
         namespaces::check_delete(&ctx.server, &name)?;
     }
-    // Admission sees the object at the request's version; what is written
-    // back (marked for deletion) is at the storage version.
+    // Admission sees the object at the request's version. What is written
+    // back (marked for deletion) is the stored object, unless admission
+    // changed it: a round trip through another version may lose fields.
     let shown = ctx.present(&old.value)?.into_owned();
-    let mut marked = shown.clone();
-    let outcome = run_admission(ctx, Operation::Delete, Some(&shown), &mut marked)?;
-    let mut marked = ctx.to_storage(marked)?;
+    let mut admitted = shown.clone();
+    let outcome = run_admission(ctx, Operation::Delete, Some(&shown), &mut admitted)?;
+    let mut marked = if admitted == shown {
+        old.value.as_ref().clone()
+    } else {
+        ctx.to_storage(admitted)?
+    };
     let dry_run = ctx.dry_run()
         || options
             .get("dryRun")
@@ -1248,10 +1253,14 @@ async fn delete_collection(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError>
         .list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
     let mut deleted = Vec::new();
     let mut warnings = Vec::new();
-    for object in objects.iter().filter(|o| selectors.matches(&o.value)) {
+    for object in &objects {
+        let shown = ctx.present(&object.value)?;
+        if !selectors.matches(&shown) {
+            continue;
+        }
         match delete_object(ctx, object, &options).await {
             Ok((_, _, w)) => {
-                deleted.push(ctx.present(&object.value)?.into_owned());
+                deleted.push(shown.into_owned());
                 warnings.extend(w);
             }
             // Deleted meanwhile: nothing left to do.

@@ -416,6 +416,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_delete_at_another_version_keeps_what_that_version_cannot_show() {
+        let api = api();
+        let gadget = json!({"apiVersion": "example.com/v2", "kind": "Gadget",
+            "metadata": {"name": "f", "finalizers": ["example.com/hold"]},
+            "spec": {"replicas": 1, "zone": "eu"}});
+        let (code, _) = api.json("POST", V2, Some(gadget)).await;
+        assert_eq!(code, StatusCode::CREATED);
+        let (code, marked) = api.json("DELETE", &format!("{V1}/f"), None).await;
+        assert_eq!(code, StatusCode::OK, "{marked}");
+        assert_eq!(marked["apiVersion"], "example.com/v1");
+        assert!(marked["metadata"]["deletionTimestamp"].is_string());
+        let stored = api.stored("f");
+        assert!(stored["metadata"]["deletionTimestamp"].is_string());
+        assert_eq!(stored["spec"], json!({"replicas": 1, "zone": "eu"}));
+    }
+
+    #[tokio::test]
     async fn server_side_apply_at_another_version() {
         let api = api();
         let (code, applied) = api
