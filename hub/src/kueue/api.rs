@@ -10,7 +10,7 @@
 //!   `kueueworkload` and `kueueworkloads` (upstream gave `wl` up; nothing
 //!   else the hub serves claims it).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use serde_json::Value;
@@ -60,21 +60,15 @@ impl Conversion for KueueConversion {
     }
 }
 
-/// Every Kueue resource at every served version. The CRDs (the Workload's
-/// is 1.4 MB) are parsed once per process.
+/// Every Kueue resource at every served version, read from the CRDs
+/// compiled in (tens of milliseconds; not cached: the server keeps the only
+/// copy of the schemas it serves).
 ///
 /// # Errors
 ///
 /// A CRD that does not parse or lacks what a resource needs (a build
 /// defect: they are compiled in).
 pub fn resources() -> Result<Vec<ResourceDef>> {
-    static DEFS: OnceLock<Result<Vec<ResourceDef>, String>> = OnceLock::new();
-    DEFS.get_or_init(|| read().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(|e| anyhow!(e))
-}
-
-fn read() -> Result<Vec<ResourceDef>> {
     let mut defs = Vec::new();
     for (file, text) in CRDS {
         let crd: Value = serde_saphyr::from_str(text).with_context(|| format!("parsing {file}"))?;
