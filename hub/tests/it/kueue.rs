@@ -451,7 +451,11 @@ async fn discovery_has_both_versions_and_the_short_names() {
             resource("clusterqueues")["verbs"].as_array().unwrap().len(),
             8
         );
-        resource("clusterqueues/status");
+        assert_eq!(resource("workloads/status")["verbs"], json!(["get"]));
+        assert_eq!(
+            resource("clusterqueues/status")["verbs"],
+            json!(["get", "patch", "update"])
+        );
     }
     let (_, openapi) = api.admin("GET", "/openapi/v3", None).await;
     for version in ["v1beta1", "v1beta2"] {

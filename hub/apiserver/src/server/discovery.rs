@@ -156,7 +156,7 @@ pub(crate) fn group_version(
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": r.kind,
-                "verbs": ["get", "patch", "update"],
+                "verbs": if r.read_only { vec!["get"] } else { vec!["get", "patch", "update"] },
             }));
         }
         if r.log_subresource {
@@ -354,14 +354,12 @@ fn openapi_document(server: &Server, group: &str, version: &str) -> Value {
         if r.status_subresource {
             let mut with_name = write_params();
             with_name.insert(0, name_param.clone());
-            paths.insert(
-                format!("{collection}/{{name}}/status"),
-                json!({
-                    "get": op("get", vec![name_param.clone()], false),
-                    "put": op("put", with_name.clone(), true),
-                    "patch": op("patch", with_name, true),
-                }),
-            );
+            let mut status = json!({"get": op("get", vec![name_param.clone()], false)});
+            if !r.read_only {
+                status["put"] = op("put", with_name.clone(), true);
+                status["patch"] = op("patch", with_name, true);
+            }
+            paths.insert(format!("{collection}/{{name}}/status"), status);
         }
     }
     json!({
