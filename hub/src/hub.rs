@@ -304,7 +304,10 @@ impl Hub {
         };
         let mut builder = Server::builder(store.clone())
             .admission(Arc::new(spokes::SpokeAdmission {
-                inner: admission.clone(),
+                inner: Arc::new(
+                    crate::kueue::KueueAdmission::new(store.clone(), admission.clone())
+                        .context("Kueue's admission")?,
+                ),
             }))
             .logs(log_source.clone())
             .readiness({

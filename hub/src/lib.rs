@@ -4,7 +4,8 @@
 //! [`api`] (the resources served, on `trainhub_apiserver`) → [`admission`]
 //! (defaulting, validation, the PreExecution plugins) → the store →
 //! [`controller`]s; [`plugins`] runs the pipeline as sandboxed WebAssembly
-//! components; [`hub`] assembles a hub process, [`dev`] the embedded default.
+//! components; [`kueue`] serves Kueue's quota kinds; [`hub`] assembles a hub
+//! process, [`dev`] the embedded default.
 
 pub mod admission;
 pub mod api;
@@ -16,6 +17,7 @@ pub mod dev;
 pub mod dispatch;
 pub mod grpc;
 pub mod hub;
+pub mod kueue;
 pub mod leader;
 pub mod logging;
 pub mod memory;

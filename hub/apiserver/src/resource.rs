@@ -1,4 +1,9 @@
-//! What the server serves: one [`ResourceDef`] per resource.
+//! What the server serves: one [`ResourceDef`] per served version of a
+//! resource, and the [`Conversion`] between the versions of a resource
+//! served at several.
+
+use std::fmt;
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -14,7 +19,63 @@ pub struct PrinterColumn {
     pub priority: i32,
 }
 
-/// One served resource.
+/// Converts the objects of one resource between the versions it is served
+/// at, where a CustomResourceDefinition names a conversion webhook.
+///
+/// Objects are stored at one version (the storage version); a request at
+/// another version is converted to it before it is stored, and what the
+/// server answers at that version (objects, lists, watch events, tables)
+/// is converted back.
+pub trait Conversion: Send + Sync + 'static {
+    /// `object`, read at version `from`, as it reads at version `to` (both
+    /// versions of the resource's group, such as `v1beta1` and `v1beta2`).
+    ///
+    /// Metadata passes through unchanged. The server sets `apiVersion` on
+    /// the result and then drops what the schema of `to` does not declare,
+    /// as kube-apiserver prunes a conversion webhook's answer.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the field that cannot be converted; the request
+    /// fails with 500 Internal Server Error, as it does when a conversion
+    /// webhook fails.
+    fn convert(&self, object: Value, from: &str, to: &str) -> Result<Value, String>;
+}
+
+/// kube-apiserver's `strategy: None`: the object is the same at every
+/// version, only its `apiVersion` changes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoConversion;
+
+impl Conversion for NoConversion {
+    fn convert(&self, object: Value, _: &str, _: &str) -> Result<Value, String> {
+        Ok(object)
+    }
+}
+
+/// Where the objects of a version served besides the storage version live.
+#[derive(Clone)]
+pub struct StorageVersion {
+    /// The version the objects are stored at; the server must serve the
+    /// resource at this version too.
+    pub version: String,
+    /// How objects go between this version and [`Self::version`].
+    pub conversion: Arc<dyn Conversion>,
+}
+
+impl fmt::Debug for StorageVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StorageVersion")
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One served resource at one version.
+///
+/// A resource served at several versions has one `ResourceDef` per version,
+/// all with the same group and plural (so the same store key): the one at
+/// the storage version has no [`Self::storage`], every other one names it.
 #[derive(Debug, Clone, Default)]
 pub struct ResourceDef {
     /// Empty for the core group.
@@ -44,6 +105,12 @@ pub struct ResourceDef {
     /// Fields usable in field selectors besides `metadata.name` and
     /// `metadata.namespace` (dotted paths, e.g. `status.phase`).
     pub selectable_fields: Vec<String>,
+    /// `None` when objects are stored at this version; otherwise the
+    /// version they are stored at and the conversion to and from it.
+    pub storage: Option<StorageVersion>,
+    /// Sent in a `Warning` header with every answer at this version (a
+    /// deprecated CRD version's `deprecationWarning`).
+    pub deprecation_warning: Option<String>,
 }
 
 impl ResourceDef {
@@ -55,7 +122,20 @@ impl ResourceDef {
         }
     }
 
+    /// The version objects of this resource are stored at.
+    pub fn storage_version(&self) -> &str {
+        self.storage
+            .as_ref()
+            .map_or(self.version.as_str(), |s| s.version.as_str())
+    }
+
+    /// Whether objects are stored at this version (no conversion).
+    pub fn is_storage_version(&self) -> bool {
+        self.storage.is_none()
+    }
+
     /// The store's resource key: `trainer.kubeflow.org/trainjobs`, `pods`.
+    /// The same at every version of the resource.
     pub fn store_key(&self) -> String {
         if self.group.is_empty() {
             self.plural.clone()

@@ -327,7 +327,15 @@ fn label_key_error(key: &str, field: &str) -> Option<String> {
     (!errs.is_empty()).then(|| format!("{field}: Invalid value: {key:?}: {}", errs.join("; ")))
 }
 
-fn label_value_error(v: &str) -> Option<String> {
+/// Upstream's `IsQualifiedName`: why `key` is not a valid label key (or
+/// annotation key, or resource name), none when it is.
+pub fn qualified_name_errors(key: &str) -> Vec<String> {
+    label_key_messages(key)
+}
+
+/// Upstream's `IsValidLabelValue`: why `value` is not a valid label value,
+/// none when it is.
+pub fn label_value_errors(v: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if v.len() > 63 {
         errs.push("must be no more than 63 bytes".to_string());
@@ -339,6 +347,11 @@ fn label_value_error(v: &str) -> Option<String> {
             &["MyValue", "my_value", "12345"],
         ));
     }
+    errs
+}
+
+fn label_value_error(v: &str) -> Option<String> {
+    let errs = label_value_errors(v);
     (!errs.is_empty()).then(|| errs.join("; "))
 }
 

@@ -1,14 +1,19 @@
 //! The hub's API: which resources it serves, read from the CRDs in
 //! `manifests/crds/` (so discovery, OpenAPI, printer columns and field
 //! pruning follow the same schema a real API server would enforce): the
-//! trainer kinds and the hub's own `Spoke` (see [`crate::spokes`]), plus the
-//! read-only core views of what spokes report (pods, events), the
-//! configuration clients read (configmaps), namespaces (the tenants) and
-//! the self reviews of `kubectl auth`.
+//! trainer kinds, Kueue's kinds (see [`crate::kueue`]) and the hub's own
+//! `Spoke` (see [`crate::spokes`]), plus the read-only core views of what
+//! spokes report (pods, events), the configuration clients read
+//! (configmaps), namespaces (the tenants) and the self reviews of `kubectl
+//! auth`.
+
+use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow};
 use serde_json::Value;
-use trainhub_apiserver::resource::{PrinterColumn, ResourceDef};
+use trainhub_apiserver::resource::{
+    Conversion, NoConversion, PrinterColumn, ResourceDef, StorageVersion,
+};
 
 const CRDS: &[(&str, &str)] = &[
     (
@@ -45,8 +50,9 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
     for (file, text) in CRDS {
         let crd: Value = serde_saphyr::from_str(text).with_context(|| format!("parsing {file}"))?;
         compile_rules(&crd).with_context(|| format!("compiling the rules of {file}"))?;
-        defs.push(from_crd(&crd).with_context(|| format!("reading {file}"))?);
+        defs.extend(from_crd(&crd, None).with_context(|| format!("reading {file}"))?);
     }
+    defs.extend(crate::kueue::api::resources()?);
     if let Some(trainjobs) = defs.iter_mut().find(|d| d.store_key() == TRAINJOBS) {
         trainjobs.printer_columns.push(spoke_column());
     }
@@ -85,9 +91,14 @@ fn spoke_column() -> PrinterColumn {
     }
 }
 
-/// A served resource from a CustomResourceDefinition (its first served
-/// version).
-pub fn from_crd(crd: &Value) -> Result<ResourceDef> {
+/// The served versions of a CustomResourceDefinition, one [`ResourceDef`]
+/// each, the storage version first. The other versions are stored at the
+/// storage version and go through `conversion`; without one, as a CRD
+/// without a conversion webhook (`strategy: None`), only their
+/// `apiVersion` changes. A deprecated version warns as kube-apiserver does:
+/// its `deprecationWarning`, or `GROUP/VERSION KIND is deprecated; use
+/// GROUP/PREFERRED KIND`.
+pub fn from_crd(crd: &Value, conversion: Option<Arc<dyn Conversion>>) -> Result<Vec<ResourceDef>> {
     let spec = &crd["spec"];
     let names = &spec["names"];
     let text = |v: &Value, what: &str| -> Result<String> {
@@ -105,11 +116,93 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef> {
             })
             .unwrap_or_default()
     };
-    let version = spec["versions"]
+    let group = text(&spec["group"], "spec.group")?;
+    let kind = text(&names["kind"], "spec.names.kind")?;
+    let served: Vec<&Value> = spec["versions"]
         .as_array()
-        .and_then(|vs| vs.iter().find(|v| v["served"].as_bool() != Some(false)))
-        .ok_or_else(|| anyhow!("spec.versions has no served version"))?;
-    let printer_columns = version["additionalPrinterColumns"]
+        .map(|vs| {
+            vs.iter()
+                .filter(|v| v["served"].as_bool() != Some(false))
+                .collect()
+        })
+        .unwrap_or_default();
+    let storage = match served.as_slice() {
+        [] => return Err(anyhow!("spec.versions has no served version")),
+        [only] => *only,
+        _ => served
+            .iter()
+            .copied()
+            .find(|v| v["storage"].as_bool() == Some(true))
+            .ok_or_else(|| anyhow!("spec.versions: no served version is the storage version"))?,
+    };
+    let storage_name = text(&storage["name"], "spec.versions[].name")?;
+    // Where kubectl goes by default: the storage version unless deprecated.
+    let preferred = served
+        .iter()
+        .find(|v| v["deprecated"].as_bool() != Some(true))
+        .map_or(storage_name.clone(), |v| {
+            v["name"].as_str().unwrap_or_default().to_string()
+        });
+    let conversion: Arc<dyn Conversion> = conversion.unwrap_or_else(|| Arc::new(NoConversion));
+    let mut ordered = vec![storage];
+    ordered.extend(
+        served
+            .iter()
+            .copied()
+            .filter(|v| !std::ptr::eq(*v, storage)),
+    );
+    let mut defs = Vec::new();
+    for version in ordered {
+        let name = text(&version["name"], "spec.versions[].name")?;
+        let deprecation_warning = (version["deprecated"].as_bool() == Some(true)).then(|| {
+            version["deprecationWarning"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| {
+                    format!("{group}/{name} {kind} is deprecated; use {group}/{preferred} {kind}")
+                })
+        });
+        defs.push(ResourceDef {
+            group: group.clone(),
+            version: name.clone(),
+            kind: kind.clone(),
+            list_kind: names["listKind"]
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{kind}List")),
+            plural: text(&names["plural"], "spec.names.plural")?,
+            singular: names["singular"].as_str().unwrap_or_default().to_string(),
+            short_names: strings(&names["shortNames"]),
+            categories: strings(&names["categories"]),
+            namespaced: spec["scope"].as_str() == Some("Namespaced"),
+            status_subresource: version["subresources"]["status"].is_object(),
+            printer_columns: printer_columns(version),
+            schema: version["schema"]["openAPIV3Schema"]
+                .as_object()
+                .map(|o| Value::Object(o.clone())),
+            selectable_fields: version["selectableFields"]
+                .as_array()
+                .map(|fs| {
+                    fs.iter()
+                        .filter_map(|f| f["jsonPath"].as_str())
+                        .map(|p| p.trim_start_matches('.').to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            storage: (name != storage_name).then(|| StorageVersion {
+                version: storage_name.clone(),
+                conversion: conversion.clone(),
+            }),
+            deprecation_warning,
+            ..Default::default()
+        });
+    }
+    Ok(defs)
+}
+
+/// The `additionalPrinterColumns` of a CRD version.
+fn printer_columns(version: &Value) -> Vec<PrinterColumn> {
+    version["additionalPrinterColumns"]
         .as_array()
         .map(|cols| {
             cols.iter()
@@ -122,36 +215,7 @@ pub fn from_crd(crd: &Value) -> Result<ResourceDef> {
                 })
                 .collect()
         })
-        .unwrap_or_default();
-    Ok(ResourceDef {
-        group: text(&spec["group"], "spec.group")?,
-        version: text(&version["name"], "spec.versions[].name")?,
-        kind: text(&names["kind"], "spec.names.kind")?,
-        list_kind: names["listKind"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{}List", names["kind"].as_str().unwrap_or_default())),
-        plural: text(&names["plural"], "spec.names.plural")?,
-        singular: names["singular"].as_str().unwrap_or_default().to_string(),
-        short_names: strings(&names["shortNames"]),
-        categories: strings(&names["categories"]),
-        namespaced: spec["scope"].as_str() == Some("Namespaced"),
-        status_subresource: version["subresources"]["status"].is_object(),
-        printer_columns,
-        schema: version["schema"]["openAPIV3Schema"]
-            .as_object()
-            .map(|o| Value::Object(o.clone())),
-        selectable_fields: version["selectableFields"]
-            .as_array()
-            .map(|fs| {
-                fs.iter()
-                    .filter_map(|f| f["jsonPath"].as_str())
-                    .map(|p| p.trim_start_matches('.').to_string())
-                    .collect()
-            })
-            .unwrap_or_default(),
-        ..Default::default()
-    })
+        .unwrap_or_default()
 }
 
 /// The core/v1 views: pods (with logs) and events of TrainJobs as spokes
@@ -223,6 +287,52 @@ fn core_resources() -> Vec<ResourceDef> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_served_version_of_a_crd_is_a_resource_the_storage_version_first() {
+        let version = |name: &str, storage: bool, extra: Value| {
+            let mut v = serde_json::json!({
+                "name": name, "served": true, "storage": storage,
+                "schema": {"openAPIV3Schema": {"type": "object"}},
+                "additionalPrinterColumns": [{"name": "Size", "type": "integer", "jsonPath": format!(".spec.{name}")}],
+            });
+            if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+                v.extend(extra.clone());
+            }
+            v
+        };
+        let crd = serde_json::json!({"spec": {
+            "group": "example.com",
+            "names": {"kind": "Gadget", "plural": "gadgets", "singular": "gadget"},
+            "scope": "Namespaced",
+            "versions": [
+                version("v1alpha1", false, serde_json::json!({"deprecated": true})),
+                version("v1", true, serde_json::json!({})),
+                version("v1beta1", false, serde_json::json!({"deprecated": true, "deprecationWarning": "gone soon"})),
+                version("v0", false, serde_json::json!({"served": false})),
+            ],
+        }});
+        let defs = from_crd(&crd, None).unwrap();
+        let versions: Vec<&str> = defs.iter().map(|d| d.version.as_str()).collect();
+        assert_eq!(versions, ["v1", "v1alpha1", "v1beta1"]);
+        assert!(defs[0].is_storage_version() && defs[0].deprecation_warning.is_none());
+        assert_eq!(defs[1].storage_version(), "v1");
+        assert_eq!(
+            defs[1].deprecation_warning.as_deref(),
+            Some("example.com/v1alpha1 Gadget is deprecated; use example.com/v1 Gadget")
+        );
+        assert_eq!(defs[2].deprecation_warning.as_deref(), Some("gone soon"));
+        assert_eq!(defs[2].printer_columns[0].json_path, ".spec.v1beta1");
+        assert!(
+            defs.iter()
+                .all(|d| d.list_kind == "GadgetList" && d.namespaced)
+        );
+        let no_storage = serde_json::json!({"spec": {
+            "group": "example.com", "names": {"kind": "Gadget", "plural": "gadgets"},
+            "versions": [version("v1", false, serde_json::json!({})), version("v2", false, serde_json::json!({}))],
+        }});
+        assert!(from_crd(&no_storage, None).is_err());
+    }
 
     #[test]
     fn trainer_resources_come_from_the_crds() {

@@ -185,6 +185,8 @@ pub fn kubectl_suite(hub: &DevHub) {
         "{stderr}"
     );
 
+    kueue_suite(hub);
+
     let out = hub.kubectl_ok(&["delete", "trainjob", "multi-node-example"]);
     assert!(out.contains("deleted"), "{out}");
     let out = hub.kubectl(&["get", "trainjob", "multi-node-example"]);
@@ -193,5 +195,106 @@ pub fn kubectl_suite(hub: &DevHub) {
         String::from_utf8_lossy(&out.stderr).contains("NotFound"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Kueue's examples applied unchanged, and its kinds listed by their short
+/// names with Kueue's columns.
+fn kueue_suite(hub: &DevHub) {
+    let examples = upstream_dir().join("../kueue/examples");
+    let mut files: Vec<_> = std::fs::read_dir(&examples)
+        .expect("Kueue's examples")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 4, "{files:?}");
+    for file in files {
+        let path = file.to_string_lossy().into_owned();
+        let out = hub.kubectl_ok(&["apply", "-f", &path]);
+        assert!(
+            out.contains("created") || out.contains("configured"),
+            "{path}: {out}"
+        );
+    }
+    let priority = "apiVersion: kueue.x-k8s.io/v1beta2\nkind: WorkloadPriorityClass\nmetadata:\n  name: high-priority\nvalue: 10000\ndescription: production training\n";
+    let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(priority));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let listed = hub.kubectl_ok(&["get", "cq,lq,rf,wpc"]);
+    for expected in [
+        "clusterqueue.kueue.x-k8s.io/cluster-queue",
+        "localqueue.kueue.x-k8s.io/user-queue",
+        "resourceflavor.kueue.x-k8s.io/default-flavor",
+        "resourceflavor.kueue.x-k8s.io/spot",
+        "workloadpriorityclass.kueue.x-k8s.io/high-priority",
+    ] {
+        assert!(
+            listed.contains(expected),
+            "{expected} missing from:\n{listed}"
+        );
+    }
+    let headers: Vec<Vec<&str>> = listed
+        .lines()
+        .filter(|l| l.starts_with("NAME"))
+        .map(|l| {
+            l.split("  ")
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect()
+        })
+        .collect();
+    assert!(
+        headers.contains(&vec!["NAME", "COHORT", "PENDING WORKLOADS"]),
+        "{listed}"
+    );
+    assert!(
+        headers.contains(&vec![
+            "NAME",
+            "CLUSTERQUEUE",
+            "PENDING WORKLOADS",
+            "ADMITTED WORKLOADS"
+        ]),
+        "{listed}"
+    );
+    assert!(headers.contains(&vec!["NAME", "VALUE"]), "{listed}");
+    let wpc = listed
+        .lines()
+        .find(|l| l.contains("workloadpriorityclass.kueue.x-k8s.io/high-priority"))
+        .unwrap_or_default();
+    assert!(wpc.contains("10000"), "{listed}");
+
+    let wide = hub.kubectl_ok(&["get", "cq", "cluster-queue", "-o", "wide"]);
+    assert!(
+        wide.contains("STRATEGY") && wide.contains("BestEffortFIFO"),
+        "{wide}"
+    );
+
+    // The deprecated version, asked for by name, says so.
+    let out = hub.kubectl(&["get", "clusterqueues.v1beta1.kueue.x-k8s.io", "-o", "name"]);
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("Warning: This version is deprecated. Use v1beta2 instead."),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // An invalid ClusterQueue: 422 naming the field.
+    let bad = "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ClusterQueue\nmetadata:\n  name: bad-queue\nspec:\n  resourceGroups:\n  - coveredResources: [cpu]\n    flavors:\n    - name: default-flavor\n      resources:\n      - name: cpu\n        nominalQuota: 4\n        lendingLimit: 2\n";
+    let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(bad));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "an invalid ClusterQueue was accepted"
+    );
+    assert!(
+        stderr.contains("spec.resourceGroups[0].flavors[0].resources[0].lendingLimit")
+            && stderr.contains("must be nil when cohort is empty"),
+        "{stderr}"
     );
 }

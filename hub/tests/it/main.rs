@@ -3,6 +3,7 @@
 mod admission;
 mod common;
 mod grpc_caps;
+mod kueue;
 mod leader;
 mod reload;
 mod render;

@@ -194,6 +194,8 @@ pub fn all() -> Vec<ResourceDef> {
                     ],
                     _ => Vec::new(),
                 },
+                storage: None,
+                deprecation_warning: None,
             }
         })
         .collect()

@@ -24,14 +24,20 @@
 //! - do anything to `trainjobs` and `trainingruntimes`
 //!   (`trainer.kubeflow.org`), and read `trainjobs/status`;
 //! - get, list and watch `pods` and `events` (core and `events.k8s.io`), and
-//!   get `pods/log`.
+//!   get `pods/log`;
+//! - get, list and watch Kueue's `localqueues` and `workloads`
+//!   (`kueue.x-k8s.io`), and get their `status`: an admin creates the
+//!   LocalQueues that point a namespace at a ClusterQueue, and the hub
+//!   writes the Workloads.
 //!
 //! They may get the `Namespace` objects of the namespaces granted to them,
 //! and list and watch namespaces (the server shows them only those).
 //!
 //! Anywhere, they may get, list and watch `clustertrainingruntimes` (the
-//! Kubeflow SDK lists them), and create the self-reviews that `kubectl auth
-//! can-i` and `kubectl auth whoami` send. Everything else, including listing
+//! Kubeflow SDK lists them) and Kueue's cluster-scoped `resourceflavors`,
+//! `clusterqueues`, `cohorts` and `workloadpriorityclasses` (to see the
+//! quotas they submit against), and create the self-reviews that `kubectl
+//! auth can-i` and `kubectl auth whoami` send. Everything else, including listing
 //! a namespaced resource across all namespaces and any write of a
 //! cluster-scoped resource (creating, labelling or deleting a namespace
 //! among them), is for admins only.
@@ -51,6 +57,7 @@ use super::{
 pub const DEFAULT_ADMIN_GROUPS: [&str; 2] = ["system:masters", "trainhub:admins"];
 
 const TRAINER_GROUP: &str = "trainer.kubeflow.org";
+const KUEUE_GROUP: &str = "kueue.x-k8s.io";
 const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
 
 /// The parsed policy file; see the module docs for the format.
@@ -258,7 +265,15 @@ fn rule_of(group: &str, resource: &str) -> Option<Rule> {
             verbs: &READ_VERBS,
             get_subresources: &[],
         }),
-        (TRAINER_GROUP, "clustertrainingruntimes") => Some(Rule::ClusterRead),
+        (KUEUE_GROUP, "localqueues" | "workloads") => Some(Rule::Namespaced {
+            verbs: &READ_VERBS,
+            get_subresources: &["status"],
+        }),
+        (TRAINER_GROUP, "clustertrainingruntimes")
+        | (
+            KUEUE_GROUP,
+            "resourceflavors" | "clusterqueues" | "cohorts" | "workloadpriorityclasses",
+        ) => Some(Rule::ClusterRead),
         ("", "namespaces") => Some(Rule::Namespaces),
         ("authorization.k8s.io", "selfsubjectaccessreviews")
         | ("authorization.k8s.io", "selfsubjectrulesreviews")
@@ -268,13 +283,19 @@ fn rule_of(group: &str, resource: &str) -> Option<Rule> {
 }
 
 /// Every (group, resource) with a non-admin rule, for listing rules.
-const RULED: [(&str, &str); 10] = [
+const RULED: [(&str, &str); 16] = [
     (TRAINER_GROUP, "trainjobs"),
     (TRAINER_GROUP, "trainingruntimes"),
     ("", "pods"),
     ("", "events"),
     ("events.k8s.io", "events"),
+    (KUEUE_GROUP, "localqueues"),
+    (KUEUE_GROUP, "workloads"),
     (TRAINER_GROUP, "clustertrainingruntimes"),
+    (KUEUE_GROUP, "resourceflavors"),
+    (KUEUE_GROUP, "clusterqueues"),
+    (KUEUE_GROUP, "cohorts"),
+    (KUEUE_GROUP, "workloadpriorityclasses"),
     ("", "namespaces"),
     ("authorization.k8s.io", "selfsubjectaccessreviews"),
     ("authorization.k8s.io", "selfsubjectrulesreviews"),
@@ -593,6 +614,65 @@ namespaces:
         assert!(!allowed(
             &bob,
             attrs("get", "trainhub.io", "plugins", None, None)
+        ));
+    }
+
+    #[test]
+    fn kueue_quotas_are_admin_written_and_tenant_read() {
+        let alice = user("alice", &[]);
+        let admin = user("root", &["trainhub:admins"]);
+        for resource in [
+            "resourceflavors",
+            "clusterqueues",
+            "cohorts",
+            "workloadpriorityclasses",
+        ] {
+            for verb in READ_VERBS {
+                assert!(allowed(
+                    &alice,
+                    attrs(verb, KUEUE_GROUP, resource, None, None)
+                ));
+            }
+            for verb in WRITE_VERBS {
+                assert_eq!(
+                    authz()
+                        .authorize(&alice, &attrs(verb, KUEUE_GROUP, resource, None, None))
+                        .unwrap_err(),
+                    format!("{verb} of {resource} is for admins only")
+                );
+                assert!(allowed(
+                    &admin,
+                    attrs(verb, KUEUE_GROUP, resource, None, None)
+                ));
+            }
+        }
+        // LocalQueues and Workloads: read in granted namespaces only;
+        // LocalQueues are written by admins, Workloads by the hub.
+        for resource in ["localqueues", "workloads"] {
+            for verb in READ_VERBS {
+                assert!(allowed(
+                    &alice,
+                    attrs(verb, KUEUE_GROUP, resource, None, Some("team-a"))
+                ));
+                assert!(!allowed(
+                    &alice,
+                    attrs(verb, KUEUE_GROUP, resource, None, Some("team-b"))
+                ));
+            }
+            assert!(allowed(
+                &alice,
+                attrs("get", KUEUE_GROUP, resource, Some("status"), Some("team-a"))
+            ));
+            for verb in WRITE_VERBS {
+                assert!(!allowed(
+                    &alice,
+                    attrs(verb, KUEUE_GROUP, resource, None, Some("team-a"))
+                ));
+            }
+        }
+        assert!(allowed(
+            &admin,
+            attrs("create", KUEUE_GROUP, "localqueues", None, Some("team-a"))
         ));
     }
 

@@ -58,16 +58,29 @@ pub(crate) async fn core_versions(State(server): State<Shared>) -> Response {
     }))
 }
 
-/// group → its versions, in the order resources were added.
+/// group → its versions, the preferred one first: versions some resource
+/// of the group is stored at before versions only converted to, each in
+/// kube-apiserver's order (GA, beta, alpha; higher numbers first).
 fn group_versions(server: &Server) -> BTreeMap<&str, Vec<&str>> {
-    let mut groups: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    let mut groups: BTreeMap<&str, Vec<(&str, bool)>> = BTreeMap::new();
     for r in server.resources.iter().filter(|r| !r.group.is_empty()) {
         let versions = groups.entry(&r.group).or_default();
-        if !versions.contains(&r.version.as_str()) {
-            versions.push(&r.version);
+        match versions.iter_mut().find(|(v, _)| *v == r.version) {
+            Some((_, stored)) => *stored |= r.is_storage_version(),
+            None => versions.push((&r.version, r.is_storage_version())),
         }
     }
     groups
+        .into_iter()
+        .map(|(group, mut versions)| {
+            versions.sort_by(|(a, a_stored), (b, b_stored)| {
+                b_stored
+                    .cmp(a_stored)
+                    .then_with(|| super::versions::compare_versions(a, b))
+            });
+            (group, versions.into_iter().map(|(v, _)| v).collect())
+        })
+        .collect()
 }
 
 fn api_group(name: &str, versions: &[&str]) -> Value {
@@ -143,7 +156,7 @@ pub(crate) fn group_version(
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": r.kind,
-                "verbs": ["get", "patch", "update"],
+                "verbs": if r.read_only { vec!["get"] } else { vec!["get", "patch", "update"] },
             }));
         }
         if r.log_subresource {
@@ -341,14 +354,12 @@ fn openapi_document(server: &Server, group: &str, version: &str) -> Value {
         if r.status_subresource {
             let mut with_name = write_params();
             with_name.insert(0, name_param.clone());
-            paths.insert(
-                format!("{collection}/{{name}}/status"),
-                json!({
-                    "get": op("get", vec![name_param.clone()], false),
-                    "put": op("put", with_name.clone(), true),
-                    "patch": op("patch", with_name, true),
-                }),
-            );
+            let mut status = json!({"get": op("get", vec![name_param.clone()], false)});
+            if !r.read_only {
+                status["put"] = op("put", with_name.clone(), true);
+                status["patch"] = op("patch", with_name, true);
+            }
+            paths.insert(format!("{collection}/{{name}}/status"), status);
         }
     }
     json!({

@@ -114,6 +114,14 @@ impl Ctx {
             .unwrap_or("unknown")
             .to_string()
     }
+    /// A stored object as it reads at the version of the request.
+    fn present<'a>(&self, stored: &'a Value) -> Result<std::borrow::Cow<'a, Value>, ApiError> {
+        self.server.present(&self.def, stored)
+    }
+    /// An object of the request's version at the storage version.
+    fn to_storage(&self, value: Value) -> Result<Value, ApiError> {
+        self.server.to_storage(&self.def, value)
+    }
     fn respond(&self, code: StatusCode, value: &Value, warnings: &[String]) -> Response {
         let format = match self.format {
             Format::Yaml => Format::Yaml,
@@ -146,6 +154,26 @@ async fn dispatch(server: Shared, core: bool, req: Request) -> Result<Response, 
         .resource(&target.group, &target.version, &target.plural)
         .cloned()
         .ok_or_else(not_served)?;
+    // Every answer at a deprecated version says so, errors included.
+    let deprecation = def.deprecation_warning.clone();
+    let response = serve(server, def, target, parts, body, user)
+        .await
+        .unwrap_or_else(IntoResponse::into_response);
+    Ok(match deprecation {
+        Some(warning) => request::with_warning(response, &warning),
+        None => response,
+    })
+}
+
+/// A request for `def` at `target`, authenticated as `user`.
+async fn serve(
+    server: Shared,
+    def: Arc<ResourceDef>,
+    target: Target,
+    parts: axum::http::request::Parts,
+    body: axum::body::Body,
+    user: UserInfo,
+) -> Result<Response, ApiError> {
     // A namespaced object needs a namespace; a cluster-scoped one has none.
     if (def.namespaced && target.namespace.is_none() && target.name.is_some())
         || (!def.namespaced && target.namespace.is_some())
@@ -248,6 +276,7 @@ fn get(ctx: &Ctx) -> Result<Response, ApiError> {
         .store
         .get(&ctx.key(ctx.name()))
         .ok_or_else(|| ApiError::not_found(&ctx.def.group, &ctx.def.plural, ctx.name()))?;
+    let object = ctx.server.present_object(&ctx.def, object)?;
     let body = match ctx.format {
         Format::Table => table::to_table(
             &ctx.def,
@@ -396,6 +425,7 @@ async fn list(ctx: &Ctx) -> Result<Response, ApiError> {
         let Some(object) = entry.decode() else {
             continue;
         };
+        let object = ctx.server.present_object(&ctx.def, object)?;
         if !selectors.matches(&object.value) {
             continue;
         }
@@ -726,6 +756,7 @@ pub(crate) async fn create_object(
     if ctx.dry_run() {
         return Ok((object, warnings));
     }
+    let object = ctx.to_storage(object)?;
     if outcome.also.is_empty() {
         let create = Op::Create {
             key: ctx.key(&name),
@@ -746,16 +777,15 @@ pub(crate) async fn create_object(
         .commit(ops)
         .await
         .map_err(|e| ctx.store_error(e))?;
-    let value = stored
-        .into_iter()
-        .next()
-        .map(|o| o.value.as_ref().clone())
-        .unwrap_or_default();
+    let value = match stored.into_iter().next() {
+        Some(o) => ctx.present(&o.value)?.into_owned(),
+        None => Value::Null,
+    };
     Ok((value, warnings))
 }
 
-/// Commits one write; returns the stored object (for a delete, its last
-/// state).
+/// Commits one write (at the storage version); returns the stored object
+/// (for a delete, its last state) at the request's version.
 async fn commit_one(ctx: &Ctx, op: Op) -> Result<Value, ApiError> {
     if let Op::Create { value, .. } | Op::Update { value, .. } = &op {
         crate::limits::check_object(value, "the object")?;
@@ -766,11 +796,10 @@ async fn commit_one(ctx: &Ctx, op: Op) -> Result<Value, ApiError> {
         .commit(vec![op])
         .await
         .map_err(|e| ctx.store_error(e))?;
-    Ok(stored
-        .into_iter()
-        .next()
-        .map(|o| o.value.as_ref().clone())
-        .unwrap_or_default())
+    match stored.into_iter().next() {
+        Some(o) => Ok(ctx.present(&o.value)?.into_owned()),
+        None => Ok(Value::Null),
+    }
 }
 
 fn current(ctx: &Ctx) -> Result<Object, ApiError> {
@@ -790,7 +819,7 @@ fn parse_rv(s: &str) -> Result<Rv, ApiError> {
 
 async fn update(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
     read_only(ctx)?;
-    let old = current(ctx)?;
+    let old = ctx.server.present_object(&ctx.def, current(ctx)?)?;
     let new = request::parse_body(&ctx.headers, body)?;
     check_type(ctx, &new)?;
     let name = meta_str(&new, "name").unwrap_or_default();
@@ -822,7 +851,7 @@ async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
     let content_type = request::content_type(&ctx.headers);
     let keys = ctx.keys();
     let old = match ctx.server.store.get(&ctx.key(ctx.name())) {
-        Some(old) => old,
+        Some(old) => ctx.server.present_object(&ctx.def, old)?,
         None if content_type == "application/apply-patch+yaml" && ctx.sub().is_none() => {
             let applied = request::parse_body(&ctx.headers, body)?;
             let manager = required_manager(ctx)?;
@@ -1018,7 +1047,7 @@ async fn write_update(
     } else {
         Op::Update {
             key: ctx.key(ctx.name()),
-            value: new,
+            value: ctx.to_storage(new)?,
             expected: Some(old.rv),
         }
     };
@@ -1106,8 +1135,17 @@ pub(crate) async fn delete_object(
     if namespace_object {
         namespaces::check_delete(&ctx.server, &name)?;
     }
-    let mut marked = old.value.as_ref().clone();
-    let outcome = run_admission(ctx, Operation::Delete, Some(&old.value), &mut marked)?;
+    // Admission sees the object at the request's version. What is written
+    // back (marked for deletion) is the stored object, unless admission
+    // changed it: a round trip through another version may lose fields.
+    let shown = ctx.present(&old.value)?.into_owned();
+    let mut admitted = shown.clone();
+    let outcome = run_admission(ctx, Operation::Delete, Some(&shown), &mut admitted)?;
+    let mut marked = if admitted == shown {
+        old.value.as_ref().clone()
+    } else {
+        ctx.to_storage(admitted)?
+    };
     let dry_run = ctx.dry_run()
         || options
             .get("dryRun")
@@ -1143,7 +1181,7 @@ pub(crate) async fn delete_object(
     let deleting = super::meta(&old.value).contains_key("deletionTimestamp");
     let adds_finalizer = gc_finalizer.is_some_and(|f| !finalizers.iter().any(|g| g == f));
     if (deleting && !adds_finalizer) || dry_run {
-        return Ok((StatusCode::OK, old.value.as_ref().clone(), outcome.warnings));
+        return Ok((StatusCode::OK, shown, outcome.warnings));
     }
     if namespace_object {
         ns::mark_terminating(&mut marked, &now_rfc3339());
@@ -1215,10 +1253,14 @@ async fn delete_collection(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError>
         .list(&ctx.def.store_key(), ctx.target.namespace.as_deref());
     let mut deleted = Vec::new();
     let mut warnings = Vec::new();
-    for object in objects.iter().filter(|o| selectors.matches(&o.value)) {
+    for object in &objects {
+        let shown = ctx.present(&object.value)?;
+        if !selectors.matches(&shown) {
+            continue;
+        }
         match delete_object(ctx, object, &options).await {
             Ok((_, _, w)) => {
-                deleted.push(object.value.as_ref().clone());
+                deleted.push(shown.into_owned());
                 warnings.extend(w);
             }
             // Deleted meanwhile: nothing left to do.

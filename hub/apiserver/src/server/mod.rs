@@ -12,6 +12,7 @@ mod handlers;
 mod inflight;
 mod namespaces;
 mod request;
+mod versions;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -117,9 +118,11 @@ impl Builder {
     pub fn resource(mut self, def: ResourceDef) -> Self {
         let key = (def.group.clone(), def.version.clone(), def.plural.clone());
         self.server.index.insert(key, self.server.resources.len());
+        // A read-only resource is never patched: no copy of its schema
+        // (a Workload's is megabytes) for list keys it would never use.
         let keys: Arc<dyn ListKeys + Send + Sync> = match &def.schema {
-            Some(schema) => Arc::new(SchemaListKeys::new(schema.clone())),
-            None => Arc::new(BuiltinListKeys),
+            Some(schema) if !def.read_only => Arc::new(SchemaListKeys::new(schema.clone())),
+            _ => Arc::new(BuiltinListKeys),
         };
         self.server.keys.push(keys);
         self.server.resources.push(Arc::new(def));

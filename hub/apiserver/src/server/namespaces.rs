@@ -94,7 +94,11 @@ impl Server {
             return Ok(Vec::new());
         }
         let mut wanted: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
-        for def in self.resources.iter().filter(|d| d.namespaced) {
+        for def in self
+            .resources
+            .iter()
+            .filter(|d| d.namespaced && d.is_storage_version())
+        {
             let (objects, _) = self.store.list(&def.store_key(), None);
             wanted.extend(objects.into_iter().map(|o| o.key.namespace));
         }
@@ -164,8 +168,12 @@ impl Server {
         let mut remaining: Vec<(String, usize)> = Vec::new();
         // Writable resources first: their deletion (a TrainJob's) may clean
         // up the read-only views itself.
-        let mut defs: Vec<&Arc<ResourceDef>> =
-            self.resources.iter().filter(|d| d.namespaced).collect();
+        // Each resource once, at the version its objects are stored at.
+        let mut defs: Vec<&Arc<ResourceDef>> = self
+            .resources
+            .iter()
+            .filter(|d| d.namespaced && d.is_storage_version())
+            .collect();
         defs.sort_by_key(|d| d.read_only);
         let mut writable_left = false;
         for def in defs {

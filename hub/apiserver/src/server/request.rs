@@ -359,6 +359,14 @@ pub(crate) fn respond(
     response
 }
 
+/// `response` with one more `Warning` header.
+pub(crate) fn with_warning(mut response: Response, warning: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&warning_header(warning)) {
+        response.headers_mut().append("warning", v);
+    }
+    response
+}
+
 /// `299 - "text"`, with the text escaped as RFC 7234 wants it.
 fn warning_header(text: &str) -> String {
     let escaped: String = text

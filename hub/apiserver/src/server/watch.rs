@@ -176,7 +176,18 @@ impl Writer {
     }
 
     /// Sends what the client must see of a change, given what it saw before.
-    async fn send_state(&mut self, kind: EventType, key: &Key, value: &Value) -> bool {
+    async fn send_state(&mut self, kind: EventType, key: &Key, stored: &Value) -> bool {
+        // At the version the client watches; an object that cannot be
+        // converted ends the watch with an ERROR event, as kube-apiserver
+        // reports a failing conversion webhook.
+        let value = match self.ctx.server.present(&self.ctx.def, stored) {
+            Ok(value) => value,
+            Err(e) => {
+                let _ = self.send_raw("ERROR", &e.to_status()).await;
+                return false;
+            }
+        };
+        let value = value.as_ref();
         let matches = kind != EventType::Deleted && self.matches(key, value);
         // An object a resumed client may have listed, first seen here.
         let was_visible = self.visible.contains(key)
