@@ -20,6 +20,7 @@
 pub mod authority;
 pub mod core;
 mod observe;
+pub mod queues;
 pub mod quota;
 mod writer;
 
@@ -346,6 +347,13 @@ pub struct Dispatch {
     /// Set once [`Dispatch::run`] has loaded the TrainJobs and their
     /// placements from the store.
     loaded: tokio::sync::watch::Sender<bool>,
+    /// LocalQueues, priority classes and namespace labels, to resolve a
+    /// TrainJob's queue.
+    queues: std::sync::RwLock<queues::Index>,
+    /// What was last published on Kueue's objects.
+    published: Mutex<queues::Published>,
+    /// Evictions not yet shown on their Workloads.
+    evictions: Mutex<HashMap<JobKey, queues::Eviction>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -396,6 +404,9 @@ impl Dispatch {
             spokes: crate::spokes::Registry::new(store.clone()),
             store,
             loaded: tokio::sync::watch::Sender::new(false),
+            queues: std::sync::RwLock::default(),
+            published: Mutex::default(),
+            evictions: Mutex::default(),
         })
     }
 
@@ -511,6 +522,12 @@ impl Dispatch {
             })
         };
         self.load_pods();
+        // Quota objects first, so TrainJobs of queues resolve as loaded.
+        self.reload_queues();
+        let quota_tasks = [
+            tokio::spawn(self.clone().follow_queues()),
+            tokio::spawn(self.clone().publish_queues()),
+        ];
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -520,6 +537,9 @@ impl Dispatch {
             }
         }
         ticker.abort();
+        for task in quota_tasks {
+            task.abort();
+        }
         if let Some(w) = writer {
             w.abort();
         }
@@ -669,10 +689,18 @@ impl Dispatch {
             Want::Run
         };
         let annotations = &meta["annotations"];
-        let priority = annotations[ANNOTATION_PRIORITY]
-            .as_str()
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or(0);
+        let queue_ref = self
+            .queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .resolve(object);
+        let priority = match &queue_ref {
+            Some((_, priority)) => *priority,
+            None => annotations[ANNOTATION_PRIORITY]
+                .as_str()
+                .and_then(|p| p.trim().parse().ok())
+                .unwrap_or(0),
+        };
         let selector = match annotations[ANNOTATION_SPOKE_SELECTOR].as_str() {
             Some(s) => match LabelSelector::parse(s) {
                 Ok(sel) => Some(sel),
@@ -770,8 +798,7 @@ impl Dispatch {
             selector,
             pod_sets,
             want,
-            // Queues are not wired yet: every TrainJob is unmanaged.
-            queue: None,
+            queue: queue_ref.map(|(q, _)| q),
         })
     }
 
@@ -1118,7 +1145,34 @@ impl Dispatch {
                 }
                 // Only TrainJobs in a queue are evicted; queues are not
                 // wired yet.
-                Action::Evicted { .. } => {}
+                Action::Evicted {
+                    job,
+                    uid,
+                    reason,
+                    message,
+                    preemption,
+                } => {
+                    let preempted = preemption.map(|p| {
+                        let message = format!(
+                            "Preempted by TrainJob {} (UID {}): {}",
+                            p.preemptor,
+                            p.preemptor_uid,
+                            if p.reason == quota::reason::IN_CLUSTER_QUEUE {
+                                "prioritization within its ClusterQueue"
+                            } else {
+                                "reclamation of quota lent in its cohort"
+                            }
+                        );
+                        (p.reason, message)
+                    });
+                    let eviction = queues::Eviction {
+                        uid,
+                        reason,
+                        message,
+                        preempted,
+                    };
+                    lock(&self.evictions).insert(job, eviction);
+                }
             }
         }
     }
@@ -1935,7 +1989,18 @@ impl Dispatch {
             return Ok(());
         };
         self.observe.status_mapped(uid, &span, &mapped);
-        let mapped = serde_json::to_value(&mapped).map_err(|e| e.to_string())?;
+        let mut mapped = serde_json::to_value(&mapped).map_err(|e| e.to_string())?;
+        // The plugin was given the TrainJob as it was typed (cached per
+        // generation and metadata); conditions it returns as it was given
+        // them are not its news, and would set back conditions others
+        // (quota) wrote since.
+        let given = serde_json::to_value(&job.status).unwrap_or_default();
+        if let (Some(out), Some(given)) = (
+            mapped["conditions"].as_array_mut(),
+            given["conditions"].as_array(),
+        ) {
+            out.retain(|c| !given.contains(c));
+        }
         let _ = self.writer.send(Write {
             merge: Some((store_key, mapped)),
             ..Write::default()

@@ -48,6 +48,7 @@ mod spokes;
 #[cfg(test)]
 mod tests;
 mod types;
+mod workloads;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -57,6 +58,7 @@ use serde_json::Value;
 use self::placement::Spoke;
 use self::queue::{Queue, QueueKey};
 pub use self::types::*;
+pub use self::workloads::{QueueState, QueuedJob};
 use crate::dispatch::quota::Quotas;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,6 +215,11 @@ impl Dispatcher {
     /// Queued TrainJobs.
     pub fn queue_depth(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether any TrainJob is in a queue (managed by quota).
+    pub fn has_queued_jobs(&self) -> bool {
+        self.jobs.values().any(|j| j.info.queue.is_some())
     }
 
     /// Connected spokes.

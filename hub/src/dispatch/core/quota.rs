@@ -147,6 +147,10 @@ impl Dispatcher {
             let message = format!("LocalQueue {} doesn't exist", queue.local_queue);
             return self.wait(key, reason::INADMISSIBLE, message);
         };
+        if let Some(why) = &queue.hold {
+            let message = why.clone();
+            return self.wait(key, reason::INADMISSIBLE, message);
+        }
         let Some(cq) = self.quotas.cluster_queue(&cq_name) else {
             let message = format!("ClusterQueue {cq_name} doesn't exist");
             return self.wait(key, reason::INADMISSIBLE, message);

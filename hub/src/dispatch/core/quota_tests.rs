@@ -85,6 +85,8 @@ fn managed(name: &str, cluster_queue: &str, cpu: i64, priority: i32, created: i6
             cluster_queue: Some(cluster_queue.into()),
             namespace_labels: json!({"team": "a"}),
             tolerations: Vec::new(),
+            priority_class: None,
+            hold: None,
         }),
     }
 }

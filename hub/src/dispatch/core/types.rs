@@ -98,6 +98,13 @@ pub struct QueueRef {
     /// taints they (with the flavor's own tolerations) do not tolerate is
     /// not assigned.
     pub tolerations: Vec<Toleration>,
+    /// The WorkloadPriorityClass its `kueue.x-k8s.io/priority-class` label
+    /// names (its value is [`JobInfo::priority`]).
+    pub priority_class: Option<String>,
+    /// Why the runner holds it back whatever the quota (its LocalQueue is
+    /// stopped, its priority class does not exist): it waits, inadmissible,
+    /// with this message.
+    pub hold: Option<String>,
 }
 
 /// The committed placement of a TrainJob, as the store keeps it.

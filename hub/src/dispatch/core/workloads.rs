@@ -1,0 +1,112 @@
+//! The jobs of queues as their Workloads show them: one pass over the
+//! dispatcher's state that the runner publishes from.
+
+use std::collections::HashMap;
+
+use super::{Dispatcher, JobKey, Phase, PodSetDemand, QueueRef, Want};
+use crate::dispatch::quota::{Assignment, Waiting, reason};
+
+/// Where a job of a queue stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueueState {
+    /// Not queued and holding no quota: suspended, finished, being deleted,
+    /// or not yet queued.
+    Idle,
+    /// Queued without a reservation, and why.
+    Waiting(Waiting),
+    /// Quota reserved in `cluster_queue`; admitted once placed on `spoke`.
+    Reserved {
+        cluster_queue: String,
+        assignment: Assignment,
+        spoke: Option<String>,
+    },
+}
+
+/// A job of a queue, for its Workload.
+#[derive(Debug, Clone)]
+pub struct QueuedJob {
+    pub key: JobKey,
+    pub uid: String,
+    pub priority: i32,
+    pub want: Want,
+    pub queue: QueueRef,
+    pub pod_sets: Vec<PodSetDemand>,
+    pub state: QueueState,
+}
+
+impl Dispatcher {
+    /// Every job of a queue and where it stands. Positions are counted in
+    /// one pass over each ClusterQueue's waiting jobs, so this is linear in
+    /// the jobs, however long the queues.
+    pub fn queued_jobs(&self) -> Vec<QueuedJob> {
+        let positions = self.positions();
+        let mut out = Vec::new();
+        for job in self.jobs.values() {
+            let Some(queue) = &job.info.queue else {
+                continue;
+            };
+            let key = &job.info.key;
+            let state = match (self.quotas.reservation(key), &job.phase) {
+                (Some(r), _) => QueueState::Reserved {
+                    cluster_queue: r.cluster_queue.clone(),
+                    assignment: r.assignment.clone(),
+                    spoke: r.admitted.as_ref().map(|(spoke, _)| spoke.clone()),
+                },
+                (None, Phase::Queued { .. }) => {
+                    let (why, message) = self
+                        .waiting
+                        .get(key)
+                        .cloned()
+                        .unwrap_or((reason::PENDING, "waiting to be tried".to_string()));
+                    let (in_cq, in_lq) = positions.get(key).copied().unwrap_or_default();
+                    QueueState::Waiting(Waiting {
+                        reason: why,
+                        message,
+                        position_in_cluster_queue: in_cq,
+                        position_in_local_queue: in_lq,
+                    })
+                }
+                (None, _) => QueueState::Idle,
+            };
+            out.push(QueuedJob {
+                key: key.clone(),
+                uid: job.info.uid.clone(),
+                priority: job.info.priority,
+                want: job.info.want,
+                queue: queue.clone(),
+                pod_sets: job.info.pod_sets.clone(),
+                state,
+            });
+        }
+        out
+    }
+
+    /// Each waiting job's place among the waiting jobs of its ClusterQueue
+    /// and of its LocalQueue.
+    fn positions(&self) -> HashMap<&JobKey, (usize, usize)> {
+        let mut out = HashMap::new();
+        let cluster_queues: Vec<&String> = self.quotas.config().cluster_queues.keys().collect();
+        for cq in cluster_queues {
+            let mut per_lq: HashMap<(&str, &str), usize> = HashMap::new();
+            let mut in_cq = 0;
+            for k in self.queue.of(cq) {
+                if self.quotas.is_reserved(k) {
+                    continue;
+                }
+                let Some(lq) = self
+                    .jobs
+                    .get(k)
+                    .and_then(|j| j.info.queue.as_ref())
+                    .map(|q| q.local_queue.as_str())
+                else {
+                    continue;
+                };
+                let in_lq = per_lq.entry((k.namespace.as_str(), lq)).or_default();
+                out.insert(k, (in_cq, *in_lq));
+                in_cq += 1;
+                *in_lq += 1;
+            }
+        }
+        out
+    }
+}

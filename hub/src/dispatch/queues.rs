@@ -1,0 +1,903 @@
+//! The runner's side of quotas: Kueue's objects read from the store into
+//! the dispatcher's quota configuration, each TrainJob's queue resolved
+//! from its labels, and the quota decisions published as Kueue publishes
+//! them: a Workload per TrainJob of a queue, ClusterQueue and LocalQueue
+//! status, and the TrainJob's own `QuotaReserved`, `Evicted` and
+//! `Preempted` conditions and events.
+//!
+//! A TrainJob without the `kueue.x-k8s.io/queue-name` label is not managed
+//! by quota: it is dispatched as capacity allows, as before quotas.
+//!
+//! Publishing is a diff: every [`PUBLISH_EVERY`] the runner computes what
+//! each object should say and writes only what changed since it last
+//! wrote. A waiting TrainJob's position is shown exactly while fewer than
+//! [`POSITIONS_SHOWN`] wait ahead of it, so a long queue moving at its head
+//! does not rewrite every TrainJob behind it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use trainhub_apiserver::namespace::NAMESPACES;
+use trainhub_apiserver::store::{Key, Op, Store};
+
+use super::core::{QueueRef, QueueState, QueuedJob, Want};
+use super::quota::{
+    self, ClusterQueueStatus, FlavorUsage, LocalQueue, QuotaConfig, StopPolicy, Waiting,
+};
+use super::writer::{Write, update_status};
+use super::{Dispatch, hash_of, job_key, lock, trainjob_event};
+use crate::api::TRAINJOBS;
+use crate::controller::lifecycle::{format_time, set_condition};
+use crate::kueue::workload::{self, Priority, WorkloadStatus};
+use crate::kueue::{
+    CLUSTER_QUEUES, COHORTS, LABEL_QUEUE_NAME, LOCAL_QUEUES, RESOURCE_FLAVORS,
+    WORKLOAD_PRIORITY_CLASSES, WORKLOADS, conditions,
+};
+
+/// How often queue status, Workloads and waiting TrainJobs are published.
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(500);
+/// A waiting TrainJob's exact position is shown while fewer than this many
+/// wait ahead of it in its ClusterQueue.
+pub const POSITIONS_SHOWN: usize = 100;
+
+/// The resources whose changes reload the quota configuration.
+const QUOTA_RESOURCES: [&str; 6] = [
+    RESOURCE_FLAVORS,
+    CLUSTER_QUEUES,
+    COHORTS,
+    LOCAL_QUEUES,
+    WORKLOAD_PRIORITY_CLASSES,
+    NAMESPACES,
+];
+
+/// The label every namespace carries with its own name.
+const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
+
+/// What resolving a TrainJob's queue reads: LocalQueues, priority classes
+/// and namespace labels.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Index {
+    local_queues: HashMap<(String, String), LocalQueue>,
+    priority_classes: HashMap<String, i32>,
+    namespace_labels: HashMap<String, Value>,
+}
+
+impl Index {
+    /// The queue of a TrainJob and its priority; None for a TrainJob
+    /// without the queue-name label (not managed by quota).
+    pub(super) fn resolve(&self, object: &Value) -> Option<(QueueRef, i32)> {
+        let meta = &object["metadata"];
+        let namespace = meta["namespace"].as_str()?;
+        let local_queue = meta["labels"][LABEL_QUEUE_NAME]
+            .as_str()
+            .filter(|q| !q.is_empty())?;
+        let lq = self
+            .local_queues
+            .get(&(namespace.to_string(), local_queue.to_string()));
+        let mut hold = lq.filter(|l| l.stop_policy != StopPolicy::None).map(|l| {
+            format!(
+                "LocalQueue {local_queue} is stopped (stopPolicy {:?})",
+                l.stop_policy
+            )
+        });
+        let priority =
+            workload::priority(object, |class| self.priority_classes.get(class).copied())
+                .unwrap_or_else(|e| {
+                    hold.get_or_insert(e);
+                    Priority::default()
+                });
+        let mut namespace_labels = self
+            .namespace_labels
+            .get(namespace)
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        if namespace_labels[LABEL_NAMESPACE_NAME].is_null() {
+            namespace_labels[LABEL_NAMESPACE_NAME] = namespace.into();
+        }
+        let queue = QueueRef {
+            local_queue: local_queue.to_string(),
+            cluster_queue: lq.map(|l| l.cluster_queue.clone()),
+            namespace_labels,
+            tolerations: tolerations_of(object),
+            priority_class: priority.class,
+            hold,
+        };
+        Some((queue, priority.value))
+    }
+
+    /// The LocalQueues, by namespace and name.
+    pub(super) fn local_queues(&self) -> impl Iterator<Item = &LocalQueue> {
+        self.local_queues.values()
+    }
+}
+
+/// The tolerations a TrainJob's pod template overrides add (a runtime's
+/// own templates are not read here).
+fn tolerations_of(object: &Value) -> Vec<quota::Toleration> {
+    let mut out = Vec::new();
+    for o in object["spec"]["podTemplateOverrides"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        match quota::parse_tolerations(&o["spec"]["tolerations"]) {
+            Ok(t) => out.extend(t),
+            Err(e) => tracing::debug!(error = %e, "TrainJob tolerations not read"),
+        }
+    }
+    out
+}
+
+/// Reads every quota object. One that cannot be read is left out (and
+/// logged): the API validated it, so this is a defect, not user input.
+pub(super) fn load(store: &dyn Store) -> (QuotaConfig, Index) {
+    fn each<T>(
+        store: &dyn Store,
+        resource: &str,
+        parse: impl Fn(&Value) -> Result<T, quota::QuotaError>,
+    ) -> Vec<T> {
+        let (objects, _) = store.list(resource, None);
+        objects
+            .iter()
+            .filter_map(|o| match parse(&o.value) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "quota object not read");
+                    None
+                }
+            })
+            .collect()
+    }
+    let config = QuotaConfig {
+        flavors: each(store, RESOURCE_FLAVORS, quota::parse_flavor)
+            .into_iter()
+            .map(|f| (f.name.clone(), f))
+            .collect(),
+        cluster_queues: each(store, CLUSTER_QUEUES, quota::parse_cluster_queue)
+            .into_iter()
+            .map(|q| (q.name.clone(), q))
+            .collect(),
+        cohorts: each(store, COHORTS, quota::parse_cohort)
+            .into_iter()
+            .map(|c| (c.name.clone(), c))
+            .collect(),
+    };
+    let (namespaces, _) = store.list(NAMESPACES, None);
+    let index = Index {
+        local_queues: each(store, LOCAL_QUEUES, quota::parse_local_queue)
+            .into_iter()
+            .map(|l| ((l.namespace.clone(), l.name.clone()), l))
+            .collect(),
+        priority_classes: each(
+            store,
+            WORKLOAD_PRIORITY_CLASSES,
+            quota::parse_priority_class,
+        )
+        .into_iter()
+        .map(|p| (p.name, p.value))
+        .collect(),
+        namespace_labels: namespaces
+            .iter()
+            .map(|n| {
+                let labels = n.value["metadata"]["labels"].clone();
+                (n.key.name.clone(), labels)
+            })
+            .collect(),
+    };
+    (config, index)
+}
+
+/// Why a TrainJob was evicted, kept until its Workload shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Eviction {
+    pub uid: String,
+    pub reason: &'static str,
+    pub message: String,
+    /// The `Preempted` condition's reason and message, for a preemption.
+    pub preempted: Option<(&'static str, String)>,
+}
+
+/// What the runner last wrote, per object, as a hash of what it said.
+#[derive(Debug, Default)]
+pub(super) struct Published {
+    /// Whether the Workloads in the store were listed (once a run).
+    listed: bool,
+    workloads: HashMap<super::core::JobKey, (String, u64)>,
+    cluster_queues: HashMap<String, u64>,
+    local_queues: HashMap<(String, String), u64>,
+}
+
+/// A waiting TrainJob's state, its position capped at [`POSITIONS_SHOWN`]
+/// (what its published message says).
+fn shown(state: &QueueState) -> QueueState {
+    match state {
+        QueueState::Waiting(w) => QueueState::Waiting(Waiting {
+            position_in_cluster_queue: w.position_in_cluster_queue.min(POSITIONS_SHOWN),
+            position_in_local_queue: w.position_in_local_queue.min(POSITIONS_SHOWN),
+            ..w.clone()
+        }),
+        other => other.clone(),
+    }
+}
+
+fn waiting_message(w: &Waiting, queue: &QueueRef) -> String {
+    let cq = queue.cluster_queue.as_deref().unwrap_or_default();
+    if cq.is_empty() {
+        return w.message.clone();
+    }
+    if w.position_in_cluster_queue >= POSITIONS_SHOWN {
+        return format!(
+            "{} ({POSITIONS_SHOWN} or more waiting ahead of it in ClusterQueue {cq})",
+            w.message
+        );
+    }
+    format!(
+        "{} (position {} in ClusterQueue {cq}, {} in LocalQueue {})",
+        w.message,
+        w.position_in_cluster_queue + 1,
+        w.position_in_local_queue + 1,
+        queue.local_queue
+    )
+}
+
+/// One condition to set: type, status, reason, message.
+type Cond = (&'static str, &'static str, String, String);
+
+/// The conditions a TrainJob of a queue shows (on its Workload, and the
+/// same on the TrainJob), given how it stands and how it was evicted.
+fn conditions_for(job: &QueuedJob, eviction: Option<&Eviction>) -> Vec<Cond> {
+    let mut out: Vec<Cond> = Vec::new();
+    match &job.state {
+        QueueState::Waiting(w) => out.push((
+            conditions::QUOTA_RESERVED,
+            "False",
+            w.reason.to_string(),
+            waiting_message(w, &job.queue),
+        )),
+        QueueState::Reserved {
+            cluster_queue,
+            spoke,
+            ..
+        } => {
+            out.push((
+                conditions::QUOTA_RESERVED,
+                "True",
+                "QuotaReserved".into(),
+                format!("Quota reserved in ClusterQueue {cluster_queue}"),
+            ));
+            out.push(match spoke {
+                Some(spoke) => (
+                    conditions::ADMITTED,
+                    "True",
+                    "Admitted".into(),
+                    format!("The workload is admitted, on spoke {spoke}"),
+                ),
+                None => (
+                    conditions::ADMITTED,
+                    "False",
+                    "Pending".into(),
+                    "Quota reserved; waiting for a spoke to admit it".into(),
+                ),
+            });
+        }
+        QueueState::Idle => {
+            if job.want == Want::Suspend {
+                out.push((
+                    conditions::QUOTA_RESERVED,
+                    "False",
+                    "Inactive".into(),
+                    "The TrainJob is suspended".into(),
+                ));
+            }
+        }
+    }
+    if let Some(e) = eviction {
+        let reserved = matches!(job.state, QueueState::Reserved { .. });
+        let (status, reason, message) = if reserved {
+            (
+                "False",
+                "QuotaReserved".to_string(),
+                format!("Previously: {}", e.message),
+            )
+        } else {
+            ("True", e.reason.to_string(), e.message.clone())
+        };
+        out.push((conditions::EVICTED, status, reason.clone(), message.clone()));
+        if let Some((why, m)) = &e.preempted {
+            let (reason, message) = if reserved {
+                (reason, format!("Previously: {m}"))
+            } else {
+                ((*why).to_string(), m.clone())
+            };
+            out.push((conditions::PREEMPTED, status, reason, message));
+        }
+    }
+    out
+}
+
+/// A Kueue quantity list (`{name, total, borrowed}`), milli-units as
+/// quantities.
+fn usage_value(usage: &[FlavorUsage]) -> Value {
+    usage
+        .iter()
+        .map(|f| {
+            let resources: Vec<Value> = f
+                .resources
+                .iter()
+                .map(|r| {
+                    json!({
+                        "name": r.name,
+                        "total": crate::spokes::quantity(r.total),
+                        "borrowed": crate::spokes::quantity(r.borrowed),
+                    })
+                })
+                .collect();
+            json!({"name": f.name, "resources": resources})
+        })
+        .collect()
+}
+
+/// A ClusterQueue's `status` as Kueue writes it (conditions aside).
+fn cluster_queue_status(s: &ClusterQueueStatus) -> Value {
+    json!({
+        "flavorsReservation": usage_value(&s.flavors_reservation),
+        "flavorsUsage": usage_value(&s.flavors_usage),
+        "pendingWorkloads": s.pending_workloads,
+        "reservingWorkloads": s.reserving_workloads,
+        "admittedWorkloads": s.admitted_workloads,
+    })
+}
+
+/// The `Active` condition of a ClusterQueue, Kueue's reasons.
+fn cluster_queue_active(s: &ClusterQueueStatus) -> Cond {
+    match &s.inactive {
+        None => (
+            "Active",
+            "True",
+            "Ready".into(),
+            "Can admit new workloads".into(),
+        ),
+        Some(why) if why.starts_with("stopped") => (
+            "Active",
+            "False",
+            "Stopped".into(),
+            format!("Can't admit new workloads: {why}"),
+        ),
+        Some(why) if why.starts_with("flavor") => (
+            "Active",
+            "False",
+            "FlavorNotFound".into(),
+            format!("Can't admit new workloads: {why}"),
+        ),
+        Some(why) => (
+            "Active",
+            "False",
+            "Inactive".into(),
+            format!("Can't admit new workloads: {why}"),
+        ),
+    }
+}
+
+/// A uid for the Workload of TrainJob `uid`: stable, so rewriting the
+/// Workload keeps it, and in the UUID's shape.
+fn workload_uid(uid: &str) -> String {
+    let h = format!(
+        "{:016x}{:016x}",
+        hash_of(&("workload", uid)),
+        hash_of(&(uid, "workload"))
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Writes the `status` of a Kueue object: `fields` replaced, `conditions`
+/// set (a transition time moves only with its status).
+async fn write_status(store: Arc<dyn Store>, key: Key, fields: Value, conds: Vec<Cond>) {
+    update_status(store.as_ref(), &key, |status| {
+        let before = status.clone();
+        if !status.is_object() {
+            *status = json!({});
+        }
+        if let (Some(s), Some(f)) = (status.as_object_mut(), fields.as_object()) {
+            for (k, v) in f {
+                s.insert(k.clone(), v.clone());
+            }
+        }
+        let now = format_time(Timestamp::now());
+        for (type_, state, reason, message) in &conds {
+            set_condition(status, type_, state, reason, message, &now);
+        }
+        *status != before
+    })
+    .await;
+}
+
+impl Dispatch {
+    /// Reads the quota objects again: the dispatcher's configuration is
+    /// replaced, and if a LocalQueue, priority class or namespace changed,
+    /// the TrainJobs of queues are resolved again.
+    pub(super) fn reload_queues(&self) {
+        let (config, index) = load(self.store.as_ref());
+        let changed = {
+            let mut current = self.queues.write().unwrap_or_else(|p| p.into_inner());
+            let changed = *current != index;
+            *current = index;
+            changed
+        };
+        let actions = lock(&self.state).set_quota_config(config, self.now());
+        self.execute(actions);
+        if changed {
+            let (objects, _) = self.store.list(TRAINJOBS, None);
+            for o in objects {
+                if !o.value["metadata"]["labels"][LABEL_QUEUE_NAME].is_null() {
+                    self.upsert(&o.value, None);
+                }
+            }
+        }
+    }
+
+    /// Follows the quota objects until shutdown: every change (batched
+    /// over a tenth of a second) reloads them.
+    pub(super) async fn follow_queues(self: Arc<Self>) {
+        use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+        loop {
+            let mut watch = match self.store.watch(CLUSTER_QUEUES, None, None) {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "dispatch: watching quota objects");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            self.reload_queues();
+            loop {
+                let relevant = match watch.live.recv().await {
+                    Ok(event) => QUOTA_RESOURCES.contains(&event.object.key.resource.as_str()),
+                    Err(RecvError::Lagged(_)) => true,
+                    Err(RecvError::Closed) => break,
+                };
+                if !relevant {
+                    continue;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                loop {
+                    match watch.live.try_recv() {
+                        Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Closed) => break,
+                    }
+                }
+                self.reload_queues();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Publishes every [`PUBLISH_EVERY`] until the task is aborted.
+    pub(super) async fn publish_queues(self: Arc<Self>) {
+        let mut interval = tokio::time::interval(PUBLISH_EVERY);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            self.publish_once();
+        }
+    }
+
+    /// Writes what changed since the last pass: queue status, Workloads,
+    /// waiting TrainJobs' conditions.
+    pub(super) fn publish_once(&self) {
+        let local_queues: Vec<(String, String, String)> = self
+            .queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .local_queues()
+            .map(|l| (l.namespace.clone(), l.name.clone(), l.cluster_queue.clone()))
+            .collect();
+        let (jobs, cqs, lqs) = {
+            let state = lock(&self.state);
+            let names: Vec<String> = state
+                .quotas()
+                .config()
+                .cluster_queues
+                .keys()
+                .cloned()
+                .collect();
+            let cqs: Vec<(String, ClusterQueueStatus)> = names
+                .into_iter()
+                .filter_map(|n| state.cluster_queue_status(&n).map(|s| (n, s)))
+                .collect();
+            let lqs: Vec<_> = local_queues
+                .into_iter()
+                .map(|(ns, name, cq)| {
+                    let status = state.local_queue_status(&ns, &name);
+                    let active = state.quotas().cluster_queue(&cq).is_some()
+                        && state.quotas().inactive(&cq).is_none();
+                    (ns, name, cq, status, active)
+                })
+                .collect();
+            if cqs.is_empty() && lqs.is_empty() && !state.has_queued_jobs() {
+                (Vec::new(), cqs, lqs)
+            } else {
+                (state.queued_jobs(), cqs, lqs)
+            }
+        };
+        let mut published = lock(&self.published);
+        for (name, s) in cqs {
+            let fields = cluster_queue_status(&s);
+            let active = cluster_queue_active(&s);
+            let h = hash_of(&(fields.to_string(), &active));
+            if published.cluster_queues.insert(name.clone(), h) != Some(h) {
+                let key = Key::new(CLUSTER_QUEUES, None, &name);
+                tokio::spawn(write_status(self.store.clone(), key, fields, vec![active]));
+            }
+        }
+        for (ns, name, cq, s, active) in lqs {
+            let fields = json!({
+                "flavorsReservation": usage_value(&s.flavors_reservation),
+                "flavorsUsage": usage_value(&s.flavor_usage),
+                "pendingWorkloads": s.pending_workloads,
+                "reservingWorkloads": s.reserving_workloads,
+                "admittedWorkloads": s.admitted_workloads,
+            });
+            let cond: Cond = if active {
+                (
+                    "Active",
+                    "True",
+                    "Ready".into(),
+                    "Can submit new workloads to localQueue".into(),
+                )
+            } else {
+                (
+                    "Active",
+                    "False",
+                    "ClusterQueueIsInactive".into(),
+                    format!("Can't submit new workloads to clusterQueue {cq}"),
+                )
+            };
+            let h = hash_of(&(fields.to_string(), &cond));
+            if published.local_queues.insert((ns.clone(), name.clone()), h) != Some(h) {
+                let key = Key::new(LOCAL_QUEUES, Some(&ns), &name);
+                tokio::spawn(write_status(self.store.clone(), key, fields, vec![cond]));
+            }
+        }
+        self.publish_workloads(&mut published, jobs);
+    }
+
+    fn publish_workloads(&self, published: &mut Published, jobs: Vec<QueuedJob>) {
+        if !published.listed {
+            published.listed = true;
+            // Workloads written before a restart (or by another leader):
+            // rewritten if still wanted, removed if not.
+            let (stored, _) = self.store.list(WORKLOADS, None);
+            for w in stored {
+                let owner = &w.value["metadata"]["ownerReferences"][0];
+                if let Some(name) = owner["name"].as_str() {
+                    published
+                        .workloads
+                        .insert(job_key(&w.key.namespace, name), (w.key.name.clone(), 0));
+                }
+            }
+        }
+        let mut gone: std::collections::HashSet<super::core::JobKey> =
+            published.workloads.keys().cloned().collect();
+        let evictions = lock(&self.evictions).clone();
+        for job in jobs {
+            gone.remove(&job.key);
+            let eviction = evictions.get(&job.key).filter(|e| e.uid == job.uid);
+            let h = hash_of(&(
+                &job.uid,
+                format!("{:?}", shown(&job.state)),
+                format!("{:?}", job.want),
+                job.priority,
+                eviction,
+            ));
+            if published.workloads.get(&job.key).map(|(_, h)| *h) == Some(h) {
+                continue;
+            }
+            match self.write_workload(&job, eviction) {
+                Some(name) => {
+                    published.workloads.insert(job.key.clone(), (name, h));
+                }
+                None => continue,
+            }
+            if eviction.is_some() && matches!(job.state, QueueState::Reserved { .. }) {
+                lock(&self.evictions).remove(&job.key);
+            }
+        }
+        for key in gone {
+            lock(&self.evictions).remove(&key);
+            if let Some((name, _)) = published.workloads.remove(&key) {
+                self.write(vec![Op::Remove {
+                    key: Key::new(WORKLOADS, Some(&key.namespace), &name),
+                }]);
+            }
+        }
+    }
+
+    /// Writes the Workload of `job`, and mirrors its conditions on the
+    /// TrainJob (with an Event when it starts to wait, or gets its quota).
+    /// The Workload's name; None if the TrainJob is gone.
+    fn write_workload(&self, job: &QueuedJob, eviction: Option<&Eviction>) -> Option<String> {
+        let trainjob_key = Key::new(TRAINJOBS, Some(&job.key.namespace), &job.key.name);
+        let trainjob = self.store.get(&trainjob_key)?;
+        if trainjob.value["metadata"]["uid"].as_str() != Some(job.uid.as_str()) {
+            return None;
+        }
+        let priority = Priority {
+            class: job.queue.priority_class.clone(),
+            value: job.priority,
+        };
+        let mut wl = workload::workload_for(
+            &trainjob.value,
+            &job.pod_sets,
+            &priority,
+            &WorkloadStatus::default(),
+        );
+        let name = wl["metadata"]["name"].as_str()?.to_string();
+        let key = Key::new(WORKLOADS, Some(&job.key.namespace), &name);
+        let now = format_time(Timestamp::now());
+        let existing = self.store.get(&key);
+        let (uid, created, mut status) = match &existing {
+            Some(o) => (
+                o.value["metadata"]["uid"].clone(),
+                o.value["metadata"]["creationTimestamp"].clone(),
+                o.value["status"].clone(),
+            ),
+            None => (workload_uid(&job.uid).into(), now.clone().into(), json!({})),
+        };
+        wl["metadata"]["uid"] = uid;
+        wl["metadata"]["creationTimestamp"] = created;
+        let conds = conditions_for(job, eviction);
+        let mut all = conds.clone();
+        if job.want == Want::Finished {
+            let st = &trainjob.value["status"];
+            let failed = crate::controller::lifecycle::is_true(
+                st,
+                trainhub_api::constants::CONDITION_FAILED,
+            );
+            let (reason, message) = if failed {
+                ("Failed", "The TrainJob failed")
+            } else {
+                ("Succeeded", "The TrainJob completed")
+            };
+            all.push((conditions::FINISHED, "True", reason.into(), message.into()));
+        }
+        for (type_, state, reason, message) in &all {
+            set_condition(&mut status, type_, state, reason, message, &now);
+        }
+        match &job.state {
+            QueueState::Reserved {
+                cluster_queue,
+                assignment,
+                spoke,
+            } => {
+                let assignments: Vec<Value> = job
+                    .pod_sets
+                    .iter()
+                    .map(|p| {
+                        let flavors: BTreeMap<&String, &String> = p
+                            .requests_milli
+                            .keys()
+                            .filter_map(|r| assignment.flavors.get(r).map(|f| (r, f)))
+                            .collect();
+                        let usage: serde_json::Map<String, Value> = p
+                            .requests_milli
+                            .iter()
+                            .map(|(r, m)| {
+                                let total = m.saturating_mul(i64::from(p.count));
+                                (r.clone(), crate::spokes::quantity(total).into())
+                            })
+                            .collect();
+                        json!({"name": p.name, "flavors": flavors, "resourceUsage": usage, "count": p.count})
+                    })
+                    .collect();
+                status["admission"] =
+                    json!({"clusterQueue": cluster_queue, "podSetAssignments": assignments});
+                match spoke {
+                    Some(spoke) => status["clusterName"] = spoke.as_str().into(),
+                    None => drop(status.as_object_mut().map(|s| s.remove("clusterName"))),
+                }
+            }
+            _ => {
+                if let Some(s) = status.as_object_mut() {
+                    s.remove("admission");
+                    s.remove("clusterName");
+                }
+            }
+        }
+        wl["status"] = status;
+        self.write(vec![Op::Put { key, value: wl }]);
+        self.mirror_conditions(job, &trainjob.value, &conds);
+        Some(name)
+    }
+
+    /// Sets `conds` on the TrainJob, and records an Event when its
+    /// `QuotaReserved` condition changes reason.
+    fn mirror_conditions(&self, job: &QueuedJob, trainjob: &Value, conds: &[Cond]) {
+        if conds.is_empty() {
+            return;
+        }
+        let before = crate::controller::lifecycle::condition(
+            &trainjob["status"],
+            conditions::QUOTA_RESERVED,
+        )
+        .and_then(|c| c["reason"].as_str().map(String::from));
+        if let Some((_, _, reason, message)) =
+            conds.iter().find(|c| c.0 == conditions::QUOTA_RESERVED)
+            && before.as_deref() != Some(reason.as_str())
+            && reason != "Inactive"
+        {
+            let event = trainjob_event(&job.key, Some(&job.uid), "Normal", reason, message);
+            self.record_events(&job.key, vec![event]);
+        }
+        let mapped: Vec<Value> = conds
+            .iter()
+            .map(|(t, s, r, m)| json!({"type": t, "status": s, "reason": r, "message": m}))
+            .collect();
+        let key = Key::new(TRAINJOBS, Some(&job.key.namespace), &job.key.name);
+        let _ = self.writer.send(Write {
+            merge: Some((key, json!({ "conditions": mapped }))),
+            ..Write::default()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::core::JobKey;
+
+    fn job(state: QueueState, want: Want) -> QueuedJob {
+        QueuedJob {
+            key: JobKey {
+                namespace: "team-a".into(),
+                name: "mnist".into(),
+            },
+            uid: "u1".into(),
+            priority: 0,
+            want,
+            queue: QueueRef {
+                local_queue: "user-queue".into(),
+                cluster_queue: Some("cluster-queue".into()),
+                namespace_labels: json!({}),
+                tolerations: Vec::new(),
+                priority_class: None,
+                hold: None,
+            },
+            pod_sets: Vec::new(),
+            state,
+        }
+    }
+
+    fn waiting(position: usize) -> QueueState {
+        QueueState::Waiting(Waiting {
+            reason: quota::reason::PENDING,
+            message: "couldn't assign flavors".into(),
+            position_in_cluster_queue: position,
+            position_in_local_queue: position,
+        })
+    }
+
+    #[test]
+    fn a_waiting_trainjob_says_why_and_where_it_is_in_its_queues() {
+        let c = conditions_for(&job(waiting(2), Want::Run), None);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].0, "QuotaReserved");
+        assert_eq!(c[0].1, "False");
+        assert_eq!(c[0].2, "Pending");
+        assert_eq!(
+            c[0].3,
+            "couldn't assign flavors (position 3 in ClusterQueue cluster-queue, 3 in LocalQueue user-queue)"
+        );
+        // Far back: the position is capped, so the message stays put while
+        // the head of the queue moves.
+        let far = conditions_for(&job(waiting(500), Want::Run), None);
+        assert!(
+            far[0].3.contains("100 or more waiting ahead"),
+            "{}",
+            far[0].3
+        );
+        assert_eq!(shown(&waiting(500)), shown(&waiting(900)));
+        assert_ne!(shown(&waiting(5)), shown(&waiting(6)));
+    }
+
+    #[test]
+    fn an_evicted_trainjob_shows_why_until_it_gets_quota_again() {
+        let eviction = Eviction {
+            uid: "u1".into(),
+            reason: quota::reason::PREEMPTED,
+            message: "Preempted to make room for TrainJob team-a/urgent".into(),
+            preempted: Some((quota::reason::IN_CLUSTER_QUEUE, "by team-a/urgent".into())),
+        };
+        let c = conditions_for(&job(waiting(0), Want::Run), Some(&eviction));
+        let evicted = c.iter().find(|c| c.0 == "Evicted").unwrap();
+        assert_eq!((evicted.1, evicted.2.as_str()), ("True", "Preempted"));
+        let preempted = c.iter().find(|c| c.0 == "Preempted").unwrap();
+        assert_eq!(
+            (preempted.1, preempted.2.as_str()),
+            ("True", "InClusterQueue")
+        );
+        let reserved = QueueState::Reserved {
+            cluster_queue: "cluster-queue".into(),
+            assignment: quota::Assignment::default(),
+            spoke: Some("spoke-a".into()),
+        };
+        let c = conditions_for(&job(reserved, Want::Run), Some(&eviction));
+        let evicted = c.iter().find(|c| c.0 == "Evicted").unwrap();
+        assert_eq!((evicted.1, evicted.2.as_str()), ("False", "QuotaReserved"));
+        assert!(evicted.3.starts_with("Previously: Preempted"));
+        let admitted = c.iter().find(|c| c.0 == "Admitted").unwrap();
+        assert_eq!(admitted.1, "True");
+    }
+
+    #[test]
+    fn queues_resolve_from_labels_local_queues_and_priority_classes() {
+        let mut index = Index::default();
+        index.local_queues.insert(
+            ("team-a".into(), "user-queue".into()),
+            LocalQueue {
+                namespace: "team-a".into(),
+                name: "user-queue".into(),
+                cluster_queue: "cluster-queue".into(),
+                stop_policy: StopPolicy::None,
+            },
+        );
+        index.priority_classes.insert("high".into(), 1000);
+        let tj = |labels: Value| {
+            json!({"metadata": {"namespace": "team-a", "name": "j", "labels": labels},
+                   "spec": {"podTemplateOverrides": [{"targetJobs": [{"name": "node"}],
+                     "spec": {"tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]}}]}})
+        };
+        assert!(index.resolve(&tj(json!({}))).is_none());
+        let (q, p) = index
+            .resolve(&tj(json!({"kueue.x-k8s.io/queue-name": "user-queue",
+                                 "kueue.x-k8s.io/priority-class": "high"})))
+            .unwrap();
+        assert_eq!(p, 1000);
+        assert_eq!(q.cluster_queue.as_deref(), Some("cluster-queue"));
+        assert_eq!(q.priority_class.as_deref(), Some("high"));
+        assert_eq!(q.hold, None);
+        assert_eq!(q.tolerations.len(), 1);
+        assert_eq!(q.namespace_labels["kubernetes.io/metadata.name"], "team-a");
+        // A missing priority class holds it, as Kueue makes no Workload.
+        let (q, p) = index
+            .resolve(&tj(json!({"kueue.x-k8s.io/queue-name": "user-queue",
+                                 "kueue.x-k8s.io/priority-class": "nope"})))
+            .unwrap();
+        assert_eq!(p, 0);
+        assert!(q.hold.unwrap().contains("\"nope\""));
+        // An unknown LocalQueue: no ClusterQueue (inadmissible in the core).
+        let (q, _) = index
+            .resolve(&tj(json!({"kueue.x-k8s.io/queue-name": "other"})))
+            .unwrap();
+        assert_eq!(q.cluster_queue, None);
+        // A stopped LocalQueue holds its TrainJobs.
+        index
+            .local_queues
+            .get_mut(&("team-a".into(), "user-queue".into()))
+            .unwrap()
+            .stop_policy = StopPolicy::Hold;
+        let (q, _) = index
+            .resolve(&tj(json!({"kueue.x-k8s.io/queue-name": "user-queue"})))
+            .unwrap();
+        assert!(q.hold.unwrap().contains("LocalQueue user-queue is stopped"));
+    }
+
+    #[test]
+    fn workload_uids_are_stable_and_shaped_as_uuids() {
+        let a = workload_uid("u1");
+        assert_eq!(a, workload_uid("u1"));
+        assert_ne!(a, workload_uid("u2"));
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.matches('-').count(), 4);
+    }
+}
