@@ -343,3 +343,265 @@ async fn a_higher_priority_trainjob_preempts_exactly_one_and_the_victim_runs_aga
         "{again}"
     );
 }
+
+/// A ClusterQueue `name` of `cpu` CPUs in `cohort` (if any), with `extra`
+/// spec lines, and LocalQueue `name` in `default` for it (the flavor is
+/// `default-flavor`, made by [`queues`]).
+fn cluster_queue(name: &str, cpu: &str, cohort: Option<&str>, extra: &str) -> String {
+    let cohort = cohort
+        .map(|c| format!("  cohortName: {c}\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: {name}
+spec:
+  namespaceSelector: {{}}
+{cohort}{extra}  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default-flavor
+      resources:
+      - name: cpu
+        nominalQuota: {cpu}
+      - name: memory
+        nominalQuota: 64Gi
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  namespace: default
+  name: {name}
+spec:
+  clusterQueue: {name}
+---
+"
+    )
+}
+
+/// A TrainJob of `nodes` one-CPU nodes in LocalQueue `queue`.
+fn trainjob_in(name: &str, queue: &str, nodes: u32, seconds: u32) -> String {
+    trainjob(name, seconds, None)
+        .replace("queue-name: user-queue", &format!("queue-name: {queue}"))
+        .replace("numNodes: 1", &format!("numNodes: {nodes}"))
+}
+
+fn get(hub: &DevHub, name: &str) -> Value {
+    json(hub, &["get", "trainjob", name])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_borrows_idle_quota_from_its_cohort_and_gives_it_back_when_reclaimed() {
+    let hub = DevHub::start_args(&["--spokes", "2"], |_| {});
+    apply(&hub, &queues("0", ""));
+    let reclaim = "  preemption:\n    reclaimWithinCohort: Any\n";
+    apply(
+        &hub,
+        &format!(
+            "{}{}",
+            cluster_queue("team-a", "1", Some("org"), ""),
+            cluster_queue("team-b", "3", Some("org"), reclaim)
+        ),
+    );
+    // team-a's three one-CPU TrainJobs: one on its own quota, two on
+    // team-b's idle quota.
+    let jobs: String = ["a-1", "a-2", "a-3"]
+        .iter()
+        .map(|n| trainjob_in(n, "team-a", 1, 120))
+        .collect();
+    apply(&hub, &jobs);
+    eventually(
+        "team-a's three TrainJobs placed, two on borrowed quota",
+        &hub,
+        Duration::from_secs(60),
+        || {
+            let cq = json(&hub, &["get", "cq", "team-a"]);
+            let cpu = &cq["status"]["flavorsReservation"][0]["resources"][0];
+            (cq["status"]["admittedWorkloads"] == 3 && cpu["borrowed"] == "2").then_some(())
+        },
+    )
+    .await;
+
+    // team-b wants two CPUs of its own back: one is idle, the other is
+    // reclaimed from exactly one of team-a's borrowers.
+    apply(
+        &hub,
+        &format!(
+            "{}{}",
+            trainjob_in("b-1", "team-b", 1, 120),
+            trainjob_in("b-2", "team-b", 1, 120)
+        ),
+    );
+    eventually(
+        "both of team-b's TrainJobs placed",
+        &hub,
+        Duration::from_secs(60),
+        || {
+            (spoke_of(&get(&hub, "b-1")).is_some() && spoke_of(&get(&hub, "b-2")).is_some())
+                .then_some(())
+        },
+    )
+    .await;
+    let reclaimed: Vec<String> = ["a-1", "a-2", "a-3"]
+        .iter()
+        .filter(|n| {
+            condition(&get(&hub, n), "Preempted")
+                .is_some_and(|c| c["reason"] == "InCohortReclamation")
+        })
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(reclaimed.len(), 1, "{reclaimed:?}");
+    for n in ["a-1", "a-2", "a-3", "b-1", "b-2"] {
+        hub.kubectl_ok(&["delete", "trainjob", n, "--wait=false"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_fifo_waits_for_its_head_where_best_effort_fifo_goes_around_it() {
+    let hub = DevHub::start_args(&["--spokes", "2"], |_| {});
+    apply(&hub, &queues("0", ""));
+    apply(
+        &hub,
+        &format!(
+            "{}{}",
+            cluster_queue("strict", "3", None, "  queueingStrategy: StrictFIFO\n"),
+            cluster_queue("best-effort", "3", None, "")
+        ),
+    );
+    for q in ["strict", "best-effort"] {
+        // One CPU taken; a three-CPU gang cannot fit yet; a one-CPU job
+        // behind it could.
+        apply(&hub, &trainjob_in(&format!("{q}-first"), q, 1, 15));
+        eventually(
+            "the first TrainJob placed",
+            &hub,
+            Duration::from_secs(60),
+            || spoke_of(&get(&hub, &format!("{q}-first"))).map(|_| ()),
+        )
+        .await;
+        apply(&hub, &trainjob_in(&format!("{q}-gang"), q, 3, 1));
+        eventually(
+            "the gang waiting for quota",
+            &hub,
+            Duration::from_secs(20),
+            || {
+                condition(&get(&hub, &format!("{q}-gang")), "QuotaReserved")
+                    .filter(|c| c["status"] == "False")
+                    .map(|_| ())
+            },
+        )
+        .await;
+        apply(&hub, &trainjob_in(&format!("{q}-small"), q, 1, 1));
+    }
+    // BestEffortFIFO: the small one goes around the gang.
+    eventually(
+        "best-effort-small placed while best-effort-gang waits",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            let small = get(&hub, "best-effort-small");
+            (spoke_of(&small).is_some() || is_true(&small, "Complete")).then_some(())
+        },
+    )
+    .await;
+    assert!(spoke_of(&get(&hub, "best-effort-gang")).is_none());
+    // StrictFIFO: the small one waits behind the gang, and says so.
+    let small = get(&hub, "strict-small");
+    assert!(spoke_of(&small).is_none(), "{small}");
+    let waiting = condition(&small, "QuotaReserved").unwrap();
+    assert!(
+        waiting["message"]
+            .as_str()
+            .unwrap()
+            .contains("the head of StrictFIFO ClusterQueue strict"),
+        "{small}"
+    );
+    // Once the first finishes, the gang and then the small one run.
+    eventually(
+        "every TrainJob complete",
+        &hub,
+        Duration::from_secs(120),
+        || {
+            trainjobs(&hub)
+                .iter()
+                .all(|j| is_true(j, "Complete"))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_and_drain_evicts_what_runs_and_resuming_runs_it_again() {
+    let hub = DevHub::start_args(&["--spokes", "2"], |_| {});
+    apply(&hub, &queues("4", ""));
+    apply(
+        &hub,
+        &format!(
+            "{}{}",
+            trainjob("drained-1", 8, None),
+            trainjob("drained-2", 8, None)
+        ),
+    );
+    eventually(
+        "both TrainJobs placed",
+        &hub,
+        Duration::from_secs(60),
+        || {
+            (spoke_of(&get(&hub, "drained-1")).is_some()
+                && spoke_of(&get(&hub, "drained-2")).is_some())
+            .then_some(())
+        },
+    )
+    .await;
+    hub.kubectl_ok(&[
+        "patch",
+        "cq",
+        "cluster-queue",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"stopPolicy":"HoldAndDrain"}}"#,
+    ]);
+    eventually(
+        "both TrainJobs evicted, the ClusterQueue inactive",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            let evicted = ["drained-1", "drained-2"].iter().all(|n| {
+                let j = get(&hub, n);
+                spoke_of(&j).is_none()
+                    && condition(&j, "Evicted")
+                        .is_some_and(|c| c["reason"] == "ClusterQueueStopped")
+            });
+            let cq = json(&hub, &["get", "cq", "cluster-queue"]);
+            let stopped = condition(&cq, "Active")
+                .is_some_and(|c| c["status"] == "False" && c["reason"] == "Stopped");
+            (evicted && stopped && cq["status"]["admittedWorkloads"] == 0).then_some(())
+        },
+    )
+    .await;
+    let held = condition(&get(&hub, "drained-1"), "QuotaReserved")
+        .unwrap()
+        .clone();
+    assert_eq!(held["reason"], "Inadmissible", "{held}");
+    hub.kubectl_ok(&[
+        "patch",
+        "cq",
+        "cluster-queue",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"stopPolicy":"None"}}"#,
+    ]);
+    eventually(
+        "both TrainJobs run again and complete",
+        &hub,
+        Duration::from_secs(90),
+        || {
+            (is_true(&get(&hub, "drained-1"), "Complete")
+                && is_true(&get(&hub, "drained-2"), "Complete"))
+            .then_some(())
+        },
+    )
+    .await;
+}
