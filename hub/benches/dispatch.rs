@@ -15,6 +15,13 @@
 //! to the last start; CPU is the process's user + system time over the
 //! same span, per TrainJob (hub, spokes and clients together).
 //!
+//! `--quotas` runs with Kueue's quotas on: two ResourceFlavors (`pool: x`
+//! and `pool: y`, each half of the spokes), 10 ClusterQueues in 2 cohorts
+//! with nominal quota in both flavors for all the TrainJobs (each job is
+//! admitted by quota, none waits for it: what is measured is the cost of
+//! admission), a LocalQueue per ClusterQueue, and every TrainJob labelled
+//! with one of them in turn.
+//!
 //! `--otlp` measures the tracing overhead: the process exports its traces
 //! (hub and spokes) to an OTLP sink it serves itself at
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (which must be set, e.g.
@@ -44,6 +51,7 @@ fn main() {
     let incremental = std::env::args().any(|a| a == "--incremental");
     let fanout = support::arg("--fanout", 0);
     let otlp = std::env::args().any(|a| a == "--otlp");
+    let quotas = std::env::args().any(|a| a == "--quotas");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -61,7 +69,15 @@ fn main() {
         !otlp || trainhub_telemetry::tracing_enabled(),
         "--otlp: the exporter is not installed"
     );
-    runtime.block_on(run(spokes, jobs, concurrency, rate, incremental, fanout));
+    runtime.block_on(run(
+        spokes,
+        jobs,
+        concurrency,
+        rate,
+        incremental,
+        fanout,
+        quotas,
+    ));
     if let (Some(mut telemetry), Some(sink)) = (telemetry, sink) {
         telemetry.shutdown();
         println!(
@@ -148,6 +164,7 @@ async fn run(
     rate: usize,
     incremental: bool,
     fanout: usize,
+    quotas: bool,
 ) {
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
@@ -175,6 +192,11 @@ async fn run(
     hub.install(trainhub::hub::default_objects().expect("runtimes"))
         .await
         .expect("install");
+    if quotas {
+        hub.install(quota_objects(jobs))
+            .await
+            .expect("quota objects");
+    }
     let (addr_tx, addr_rx) = tokio::sync::oneshot::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(hub.serve(
@@ -188,8 +210,18 @@ async fn run(
     let addrs = addr_rx.await.expect("hub address");
     let grpc = addrs.grpc.expect("grpc address");
 
-    // The spokes.
-    let mut started_rx = support::start_sim_spokes(grpc, &ca, spokes);
+    // The spokes (labelled with their flavor's pool when quotas are on).
+    let mut started_rx = support::start_sim_spokes_labelled(grpc, &ca, spokes, |i| {
+        if quotas {
+            [(
+                "pool".to_string(),
+                if i % 2 == 0 { "x" } else { "y" }.to_string(),
+            )]
+            .into()
+        } else {
+            Default::default()
+        }
+    });
     while dispatch.stats().0 < spokes {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -232,7 +264,12 @@ async fn run(
                     .lock()
                     .expect("lock")
                     .insert(format!("default/{name}"), Instant::now());
-                api.create(&PostParams::default(), &support::python_job(&name))
+                let mut job = support::python_job(&name);
+                if quotas {
+                    job.metadata.labels =
+                        Some([(QUEUE_LABEL.to_string(), format!("lq-{}", i % QUEUES))].into());
+                }
+                api.create(&PostParams::default(), &job)
                     .await
                     .expect("create");
             }
@@ -280,11 +317,16 @@ async fn run(
         "as fast as they go".to_string()
     };
     println!(
-        "dispatch: {jobs} TrainJobs (2 pods each), {spokes} simulated spokes over gRPC + mTLS, {concurrency} concurrent REST clients ({offered}), {}",
+        "dispatch: {jobs} TrainJobs (2 pods each), {spokes} simulated spokes over gRPC + mTLS, {concurrency} concurrent REST clients ({offered}), {}{}",
         match (incremental, fanout) {
             (true, _) => "Incremental".to_string(),
             (false, 0) => "AllAtOnce to every spoke".to_string(),
             (false, f) => format!("AllAtOnce, fan-out {f}"),
+        },
+        if quotas {
+            format!(", quotas on ({QUEUES} ClusterQueues in 2 cohorts, 2 flavors)")
+        } else {
+            String::new()
         }
     );
     println!(
@@ -306,6 +348,56 @@ async fn run(
     );
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+}
+
+const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+const QUEUES: usize = 10;
+
+/// Two flavors, [`QUEUES`] ClusterQueues in two cohorts (each with quota in
+/// both flavors for all of its share of `jobs`, so none waits for quota)
+/// and a LocalQueue `lq-N` in `default` for each.
+fn quota_objects(jobs: usize) -> Vec<serde_json::Value> {
+    use serde_json::json;
+    // Two one-CPU, 512Mi pods per TrainJob; a ClusterQueue's share in
+    // each flavor, with room to spare.
+    let per_queue = jobs.div_ceil(QUEUES) + 16;
+    let cpu = (per_queue * 2).to_string();
+    let memory = format!("{}Mi", per_queue * 1024);
+    let mut objects = Vec::new();
+    for pool in ["x", "y"] {
+        objects.push(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+            "metadata": {"name": format!("pool-{pool}")},
+            "spec": {"nodeLabels": {"pool": pool}},
+        }));
+    }
+    for q in 0..QUEUES {
+        let flavors: Vec<serde_json::Value> = ["x", "y"]
+            .iter()
+            .map(|pool| {
+                json!({"name": format!("pool-{pool}"), "resources": [
+                    {"name": "cpu", "nominalQuota": cpu},
+                    {"name": "memory", "nominalQuota": memory},
+                ]})
+            })
+            .collect();
+        objects.push(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": format!("cq-{q}")},
+            "spec": {
+                "namespaceSelector": {},
+                "cohortName": format!("cohort-{}", q % 2),
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": flavors}],
+            },
+        }));
+        objects.push(json!({
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": format!("lq-{q}"), "namespace": "default"},
+            "spec": {"clusterQueue": format!("cq-{q}")},
+        }));
+    }
+    objects
 }
 
 fn ms(d: Duration) -> f64 {

@@ -229,6 +229,27 @@ fn summary(map: &BTreeMap<String, i64>) -> String {
         .join(",")
 }
 
+/// Quota used on a spoke, per ClusterQueue: `team-a[pool-x:cpu=2,memory=1Gi]`.
+fn queue_summary(usage: &BTreeMap<(String, String, String), i64>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut current: Option<&str> = None;
+    let mut parts: Vec<String> = Vec::new();
+    for ((cq, flavor, resource), milli) in usage {
+        if current != Some(cq.as_str()) {
+            if let Some(c) = current {
+                out.push(format!("{c}[{}]", parts.join(",")));
+            }
+            parts.clear();
+            current = Some(cq);
+        }
+        parts.push(format!("{flavor}:{resource}={}", quantity(*milli)));
+    }
+    if let Some(c) = current {
+        out.push(format!("{c}[{}]", parts.join(",")));
+    }
+    out.join(" ")
+}
+
 /// The status a Spoke should have, from its stored status and what the
 /// hub knows now. Fields the hub does not know now (a spoke that has not
 /// connected since the hub started) keep their stored values.
@@ -347,6 +368,17 @@ pub fn desired_status(
                 .unwrap_or_default()
                 .into();
             status["running"] = (v.running as i64).into();
+            status["flavors"] = v.flavors.clone().into();
+            status["flavorsSummary"] = v.flavors.join(",").into();
+            let usage: Vec<Value> = v
+                .queue_usage
+                .iter()
+                .map(|((cq, flavor, resource), milli)| {
+                    json!({"clusterQueue": cq, "flavor": flavor, "resource": resource, "total": quantity(*milli)})
+                })
+                .collect();
+            status["queueUsage"] = usage.into();
+            status["queueSummary"] = queue_summary(&v.queue_usage).into();
         }
         None => status["running"] = 0.into(),
     }
@@ -727,6 +759,16 @@ mod tests {
             .into(),
             disconnected_at: None,
             running,
+            flavors: vec!["pool-x".into()],
+            queue_usage: [
+                (("team-a".into(), "pool-x".into(), "cpu".into()), 2000),
+                (
+                    ("team-a".into(), "pool-x".into(), "memory".into()),
+                    (1 << 30) * 1000,
+                ),
+                (("team-b".into(), "pool-x".into(), "cpu".into()), 500),
+            ]
+            .into(),
         }
     }
 
@@ -761,6 +803,12 @@ mod tests {
         assert_eq!(s["running"], 2);
         assert_eq!(s["backend"], "process");
         assert_eq!(s["labelsSummary"], "region=eu");
+        assert_eq!(s["flavorsSummary"], "pool-x");
+        assert_eq!(
+            s["queueSummary"],
+            "team-a[pool-x:cpu=2,pool-x:memory=1Gi] team-b[pool-x:cpu=500m]"
+        );
+        assert_eq!(s["queueUsage"][2]["clusterQueue"], "team-b");
         assert_eq!(s["certificate"]["serial"], "abc");
         assert_eq!(s["certificate"]["notAfter"], "2027-02-14T08:00:00Z");
         assert_eq!(condition(&s, CONDITION_CONNECTED)["status"], "True");

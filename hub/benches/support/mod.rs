@@ -102,6 +102,17 @@ pub fn start_sim_spokes(
     ca: &Ca,
     spokes: usize,
 ) -> tokio::sync::mpsc::UnboundedReceiver<(String, std::time::Instant)> {
+    start_sim_spokes_labelled(grpc, ca, spokes, |_| Default::default())
+}
+
+/// As [`start_sim_spokes`], spoke `i` labelled `labels(i)`.
+#[allow(dead_code)] // used by the benches that dispatch
+pub fn start_sim_spokes_labelled(
+    grpc: SocketAddr,
+    ca: &Ca,
+    spokes: usize,
+    labels: impl Fn(usize) -> std::collections::BTreeMap<String, String>,
+) -> tokio::sync::mpsc::UnboundedReceiver<(String, std::time::Instant)> {
     use trainhub_spoke::agent::{self, AgentConfig};
     use trainhub_spoke::backend::sim::SimBackend;
     let (started_tx, started_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -121,12 +132,13 @@ pub fn start_sim_spokes(
             tx,
             Some(started_tx.clone()),
         );
-        let config = AgentConfig::new(
+        let mut config = AgentConfig::new(
             format!("https://{grpc}"),
             ca.cert_pem().to_string(),
             issued.cert_pem,
             issued.key_pem,
         );
+        config.labels = labels(i);
         tokio::spawn(agent::run(config, backend, rx, std::future::pending()));
     }
     started_rx

@@ -354,6 +354,9 @@ pub struct Dispatch {
     published: Mutex<queues::Published>,
     /// Evictions not yet shown on their Workloads.
     evictions: Mutex<HashMap<JobKey, queues::Eviction>>,
+    /// The spokes' labels and capacity as quota was last derived from
+    /// them (hashed).
+    spokes_seen: Mutex<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -407,6 +410,7 @@ impl Dispatch {
             queues: std::sync::RwLock::default(),
             published: Mutex::default(),
             evictions: Mutex::default(),
+            spokes_seen: Mutex::default(),
         })
     }
 

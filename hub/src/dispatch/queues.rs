@@ -53,6 +53,12 @@ const QUOTA_RESOURCES: [&str; 6] = [
     NAMESPACES,
 ];
 
+/// On a ClusterQueue: `"true"` takes its nominal quota from the spokes:
+/// each flavor's quota of each resource is the sum of what the spokes
+/// providing that flavor (their labels match its nodeLabels) declare
+/// allocatable, kept up to date as spokes come and go.
+pub const ANNOTATION_QUOTA_FROM_SPOKES: &str = "trainhub.kubeflow.org/quota-from-spokes";
+
 /// The label every namespace carries with its own name.
 const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
@@ -63,6 +69,8 @@ pub(super) struct Index {
     local_queues: HashMap<(String, String), LocalQueue>,
     priority_classes: HashMap<String, i32>,
     namespace_labels: HashMap<String, Value>,
+    /// ClusterQueues that take their quota from the spokes.
+    from_spokes: std::collections::BTreeSet<String>,
 }
 
 impl Index {
@@ -166,7 +174,13 @@ pub(super) fn load(store: &dyn Store) -> (QuotaConfig, Index) {
             .collect(),
     };
     let (namespaces, _) = store.list(NAMESPACES, None);
+    let (cluster_queues, _) = store.list(CLUSTER_QUEUES, None);
     let index = Index {
+        from_spokes: cluster_queues
+            .iter()
+            .filter(|o| o.value["metadata"]["annotations"][ANNOTATION_QUOTA_FROM_SPOKES] == "true")
+            .map(|o| o.key.name.clone())
+            .collect(),
         local_queues: each(store, LOCAL_QUEUES, quota::parse_local_queue)
             .into_iter()
             .map(|l| ((l.namespace.clone(), l.name.clone()), l))
@@ -188,6 +202,47 @@ pub(super) fn load(store: &dyn Store) -> (QuotaConfig, Index) {
             .collect(),
     };
     (config, index)
+}
+
+/// Sets the nominal quota of ClusterQueues `names` from the spokes: for
+/// each flavor, each resource's quota is the sum of the allocatable of
+/// the spokes providing it (`spokes`: labels, allocatable milli-units).
+pub(super) fn quota_from_spokes(
+    config: &mut QuotaConfig,
+    names: &std::collections::BTreeSet<String>,
+    spokes: &[(Value, BTreeMap<String, i64>)],
+) {
+    let flavors = config.flavors.clone();
+    for name in names {
+        let Some(cq) = config.cluster_queues.get_mut(name) else {
+            continue;
+        };
+        for group in &mut cq.resource_groups {
+            for fq in &mut group.flavors {
+                let Some(flavor) = flavors.get(&fq.flavor) else {
+                    continue;
+                };
+                for (resource, quota) in &mut fq.quotas {
+                    quota.nominal = spokes
+                        .iter()
+                        .filter(|(labels, _)| super::core::provides(labels, &flavor.node_labels))
+                        .map(|(_, allocatable)| allocatable.get(resource).copied().unwrap_or(0))
+                        .fold(0i64, i64::saturating_add);
+                }
+            }
+        }
+    }
+}
+
+/// What [`quota_from_spokes`] reads of the spokes, hashed: when it
+/// changes, the quota configuration is reloaded.
+fn spokes_signature(spokes: &[(Value, BTreeMap<String, i64>)]) -> u64 {
+    hash_of(
+        &spokes
+            .iter()
+            .map(|(l, a)| (l.to_string(), a))
+            .collect::<Vec<_>>(),
+    )
 }
 
 /// Why a TrainJob was evicted, kept until its Workload shows it.
@@ -426,7 +481,12 @@ impl Dispatch {
     /// replaced, and if a LocalQueue, priority class or namespace changed,
     /// the TrainJobs of queues are resolved again.
     pub(super) fn reload_queues(&self) {
-        let (config, index) = load(self.store.as_ref());
+        let (mut config, index) = load(self.store.as_ref());
+        if !index.from_spokes.is_empty() {
+            let spokes = self.spoke_capacity();
+            *lock(&self.spokes_seen) = spokes_signature(&spokes);
+            quota_from_spokes(&mut config, &index.from_spokes, &spokes);
+        }
         let changed = {
             let mut current = self.queues.write().unwrap_or_else(|p| p.into_inner());
             let changed = *current != index;
@@ -443,6 +503,15 @@ impl Dispatch {
                 }
             }
         }
+    }
+
+    /// The labels and allocatable of every spoke dispatch knows.
+    fn spoke_capacity(&self) -> Vec<(Value, BTreeMap<String, i64>)> {
+        lock(&self.state)
+            .spoke_views()
+            .into_values()
+            .map(|v| (v.labels, v.allocatable))
+            .collect()
     }
 
     /// Follows the quota objects until shutdown: every change (batched
@@ -495,6 +564,15 @@ impl Dispatch {
     /// Writes what changed since the last pass: queue status, Workloads,
     /// waiting TrainJobs' conditions.
     pub(super) fn publish_once(&self) {
+        let derived = !self
+            .queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .from_spokes
+            .is_empty();
+        if derived && spokes_signature(&self.spoke_capacity()) != *lock(&self.spokes_seen) {
+            self.reload_queues();
+        }
         let local_queues: Vec<(String, String, String)> = self
             .queues
             .read()
@@ -890,6 +968,60 @@ mod tests {
             .resolve(&tj(json!({"kueue.x-k8s.io/queue-name": "user-queue"})))
             .unwrap();
         assert!(q.hold.unwrap().contains("LocalQueue user-queue is stopped"));
+    }
+
+    #[test]
+    fn a_queue_takes_its_quota_from_the_spokes_of_each_flavor() {
+        use crate::dispatch::quota::{ClusterQueue, Flavor, FlavorQuotas, Quota, ResourceGroup};
+        let flavor = |name: &str, pool: &str| Flavor {
+            name: name.into(),
+            node_labels: [("pool".to_string(), pool.to_string())].into(),
+            ..Flavor::default()
+        };
+        let quotas = |flavor: &str| FlavorQuotas {
+            flavor: flavor.into(),
+            quotas: [("cpu".to_string(), Quota::default())].into(),
+        };
+        let cq = |name: &str| ClusterQueue {
+            name: name.into(),
+            resource_groups: vec![ResourceGroup {
+                covered: vec!["cpu".into()],
+                flavors: vec![quotas("x"), quotas("y")],
+            }],
+            ..ClusterQueue::default()
+        };
+        let mut config = QuotaConfig {
+            flavors: [
+                ("x".into(), flavor("x", "x")),
+                ("y".into(), flavor("y", "y")),
+            ]
+            .into(),
+            cluster_queues: [
+                ("derived".into(), cq("derived")),
+                ("fixed".into(), cq("fixed")),
+            ]
+            .into(),
+            cohorts: BTreeMap::new(),
+        };
+        let spoke =
+            |pool: &str, cpu: i64| (json!({"pool": pool}), [("cpu".to_string(), cpu)].into());
+        let spokes = vec![
+            spoke("x", 4000),
+            spoke("x", 8000),
+            spoke("y", 2000),
+            spoke("z", 64_000),
+        ];
+        quota_from_spokes(&mut config, &["derived".to_string()].into(), &spokes);
+        let nominal = |cq: &str, f: usize| {
+            config.cluster_queues[cq].resource_groups[0].flavors[f].quotas["cpu"].nominal
+        };
+        assert_eq!(nominal("derived", 0), 12_000);
+        assert_eq!(nominal("derived", 1), 2000);
+        assert_eq!(nominal("fixed", 0), 0);
+        // A spoke more changes the signature that triggers a reload.
+        let mut more = spokes.clone();
+        more.push(spoke("y", 1000));
+        assert_ne!(spokes_signature(&spokes), spokes_signature(&more));
     }
 
     #[test]

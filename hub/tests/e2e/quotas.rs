@@ -605,3 +605,57 @@ async fn hold_and_drain_evicts_what_runs_and_resuming_runs_it_again() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_can_take_its_quota_from_the_spokes_and_spokes_show_what_queues_use() {
+    let hub = DevHub::start_args(&["--spokes", "2"], |_| {});
+    apply(&hub, &queues("0", ""));
+    apply(&hub, &trainjob("from-spokes", 30, None));
+    eventually(
+        "the TrainJob waiting on a quota of nothing",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            condition(&get(&hub, "from-spokes"), "QuotaReserved")
+                .filter(|c| c["reason"] == "Pending")
+                .map(|_| ())
+        },
+    )
+    .await;
+    hub.kubectl_ok(&[
+        "annotate",
+        "cq",
+        "cluster-queue",
+        "trainhub.kubeflow.org/quota-from-spokes=true",
+    ]);
+    let spoke = eventually(
+        "the TrainJob placed on the spokes' quota",
+        &hub,
+        Duration::from_secs(30),
+        || spoke_of(&get(&hub, "from-spokes")),
+    )
+    .await;
+    let wide = eventually(
+        "the spoke showing its flavor and the queue's usage",
+        &hub,
+        Duration::from_secs(30),
+        || {
+            let wide = hub.kubectl_ok(&["get", "spokes", "-o", "wide"]);
+            wide.lines()
+                .any(|l| {
+                    l.starts_with(&spoke)
+                        && l.contains("default-flavor")
+                        && l.contains(
+                            "cluster-queue[default-flavor:cpu=1,default-flavor:memory=512Mi]",
+                        )
+                })
+                .then_some(wide)
+        },
+    )
+    .await;
+    assert!(
+        wide.contains("FLAVORS") && wide.contains("QUEUES"),
+        "{wide}"
+    );
+    hub.kubectl_ok(&["delete", "trainjob", "from-spokes", "--wait=false"]);
+}

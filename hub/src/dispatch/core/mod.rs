@@ -56,6 +56,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde_json::Value;
 
 use self::placement::Spoke;
+pub use self::placement::provides;
 use self::queue::{Queue, QueueKey};
 pub use self::types::*;
 pub use self::workloads::{QueueState, QueuedJob};
@@ -162,6 +163,11 @@ pub struct SpokeView {
     /// TrainJobs placed on it (committing or placed) that have not
     /// finished.
     pub running: usize,
+    /// The ResourceFlavors whose node labels its labels match.
+    pub flavors: Vec<String>,
+    /// Quota held on it by admitted TrainJobs: (ClusterQueue, flavor,
+    /// resource) → milli-units.
+    pub queue_usage: BTreeMap<(String, String, String), i64>,
 }
 
 impl Dispatcher {
@@ -191,6 +197,18 @@ impl Dispatcher {
                 *running.entry(spoke).or_default() += 1;
             }
         }
+        let mut usage: HashMap<&str, BTreeMap<(String, String, String), i64>> = HashMap::new();
+        for (_, r) in self.quotas.reservations() {
+            let Some((spoke, _)) = &r.admitted else {
+                continue;
+            };
+            let on = usage.entry(spoke.as_str()).or_default();
+            for ((flavor, resource), milli) in &r.assignment.usage {
+                *on.entry((r.cluster_queue.clone(), flavor.clone(), resource.clone()))
+                    .or_default() += milli;
+            }
+        }
+        let flavors = &self.quotas.config().flavors;
         self.spokes
             .iter()
             .map(|(name, s)| {
@@ -202,6 +220,12 @@ impl Dispatcher {
                         free: s.free.clone(),
                         disconnected_at: s.disconnected_at,
                         running: running.get(name.as_str()).copied().unwrap_or(0),
+                        flavors: flavors
+                            .values()
+                            .filter(|f| placement::provides(&s.labels, &f.node_labels))
+                            .map(|f| f.name.clone())
+                            .collect(),
+                        queue_usage: usage.remove(name.as_str()).unwrap_or_default(),
                     },
                 )
             })

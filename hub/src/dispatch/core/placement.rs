@@ -126,7 +126,7 @@ fn flavors_of<'a>(quotas: &'a Quotas, assignment: &Assignment) -> Vec<&'a Flavor
 }
 
 /// Whether spoke labels include every one of a flavor's node labels.
-pub(super) fn provides(labels: &Value, node_labels: &BTreeMap<String, String>) -> bool {
+pub fn provides(labels: &Value, node_labels: &BTreeMap<String, String>) -> bool {
     node_labels
         .iter()
         .all(|(k, v)| labels.get(k).and_then(Value::as_str) == Some(v.as_str()))
