@@ -111,6 +111,7 @@ impl Index {
             namespace_labels,
             tolerations: tolerations_of(object),
             priority_class: priority.class,
+            drain: hold.is_some() && lq.is_some_and(|l| l.stop_policy == StopPolicy::HoldAndDrain),
             hold,
         };
         Some((queue, priority.value))
@@ -850,6 +851,7 @@ mod tests {
                 tolerations: Vec::new(),
                 priority_class: None,
                 hold: None,
+                drain: false,
             },
             pod_sets: Vec::new(),
             state,

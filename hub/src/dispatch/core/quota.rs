@@ -401,6 +401,25 @@ impl Dispatcher {
                 None => Vec::new(),
             };
         }
+        if let Some(queue) = job
+            .info
+            .queue
+            .as_ref()
+            .filter(|q| q.drain && q.hold.is_some())
+            && matches!(job.phase, Phase::Placed { .. })
+        {
+            let eviction = Eviction {
+                event: event::LOCAL_QUEUE_STOPPED,
+                reason: reason::LOCAL_QUEUE_STOPPED,
+                stop: "LocalQueue stopped",
+                message: format!(
+                    "Evicted: LocalQueue {} is stopped (HoldAndDrain)",
+                    queue.local_queue
+                ),
+                preemption: None,
+            };
+            return self.evict(key, eviction, now);
+        }
         let (Some(queue), Some(spoke)) = (job.info.queue.as_ref(), job.placed_on()) else {
             return Vec::new();
         };

@@ -87,6 +87,7 @@ fn managed(name: &str, cluster_queue: &str, cpu: i64, priority: i32, created: i6
             tolerations: Vec::new(),
             priority_class: None,
             hold: None,
+            drain: false,
         }),
     }
 }
@@ -439,6 +440,97 @@ fn hold_admits_nothing_new_and_hold_and_drain_evicts_the_placed() {
     }));
     assert!(!d.quotas().is_reserved(&key("placed")));
     assert_eq!(d.cluster_queue_status("cq").unwrap().pending_workloads, 3);
+}
+
+#[test]
+fn a_held_local_queue_admits_nothing_and_hold_and_drain_evicts_what_runs() {
+    let mut d = dispatcher();
+    d.set_quota_config(
+        config(
+            vec![flavor("f", None)],
+            vec![cq("cq", None, &[("f", 8000)])],
+        ),
+        0,
+    );
+    connect(&mut d, "s1", "a", 16_000);
+    d.upsert_job(managed("placed", "cq", 2000, 0, 0), None, 0);
+    place(&mut d, "placed", "s1", 0);
+    let held = |name: &str, drain: bool, created: i64| {
+        let mut info = managed(name, "cq", 1000, 0, created);
+        if let Some(q) = info.queue.as_mut() {
+            q.hold = Some("LocalQueue lq is stopped (stopPolicy Hold)".into());
+            q.drain = drain;
+        }
+        info
+    };
+    // Hold: a new TrainJob waits, inadmissible, with the runner's reason;
+    // what runs keeps running.
+    let actions = d.upsert_job(held("new", false, 1), None, 1);
+    assert!(offered(&actions).is_empty());
+    assert_eq!(
+        waiting_message(&d, "new"),
+        "LocalQueue lq is stopped (stopPolicy Hold)"
+    );
+    let actions = d.upsert_job(held("placed", false, 0), None, 2);
+    assert!(!actions.iter().any(|a| matches!(a, Action::Stop { .. })));
+    assert!(d.quotas().is_reserved(&key("placed")));
+    // HoldAndDrain: its run is stopped and it waits again.
+    let actions = d.upsert_job(held("placed", true, 0), None, 3);
+    assert!(actions.contains(&Action::Stop {
+        spoke: "s1".into(),
+        run_id: "uid-placed".into(),
+        generation: 1,
+        reason: "LocalQueue stopped"
+    }));
+    assert!(actions.iter().any(|a| matches!(a,
+        Action::Evicted { job, reason, .. }
+            if job.name == "placed" && *reason == kueue::LOCAL_QUEUE_STOPPED)));
+    assert!(!d.quotas().is_reserved(&key("placed")));
+    assert_eq!(d.cluster_queue_status("cq").unwrap().pending_workloads, 2);
+}
+
+#[test]
+fn queued_jobs_show_reservations_and_each_waiting_position_in_one_pass() {
+    let mut d = dispatcher();
+    d.set_quota_config(
+        config(
+            vec![flavor("f", None)],
+            vec![cq("cq", None, &[("f", 2000)])],
+        ),
+        0,
+    );
+    connect(&mut d, "s1", "a", 16_000);
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        let mut info = managed(name, "cq", 2000, 0, i as i64);
+        if *name == "c" {
+            // Another LocalQueue of the same ClusterQueue.
+            info.queue.as_mut().unwrap().local_queue = "other".into();
+        }
+        d.upsert_job(info, None, 0);
+    }
+    place(&mut d, "a", "s1", 0);
+    let jobs: BTreeMap<String, QueueState> = d
+        .queued_jobs()
+        .into_iter()
+        .map(|j| (j.key.name, j.state))
+        .collect();
+    assert!(
+        matches!(&jobs["a"], QueueState::Reserved { spoke: Some(s), cluster_queue, .. }
+        if s == "s1" && cluster_queue == "cq")
+    );
+    let position = |name: &str| match &jobs[name] {
+        QueueState::Waiting(w) => (w.position_in_cluster_queue, w.position_in_local_queue),
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(position("b"), (0, 0));
+    assert_eq!(position("c"), (1, 0));
+    assert_eq!(position("d"), (2, 1));
+    // The same numbers as asked one by one.
+    let w = d.waiting(&key("d")).unwrap();
+    assert_eq!(
+        (w.position_in_cluster_queue, w.position_in_local_queue),
+        (2, 1)
+    );
 }
 
 /// One ClusterQueue of 8 cpus that preempts lower priorities, two spokes

@@ -105,6 +105,9 @@ pub struct QueueRef {
     /// stopped, its priority class does not exist): it waits, inadmissible,
     /// with this message.
     pub hold: Option<String>,
+    /// With `hold`: a run of it is stopped too, and it waits again (its
+    /// LocalQueue's `stopPolicy` is `HoldAndDrain`).
+    pub drain: bool,
 }
 
 /// The committed placement of a TrainJob, as the store keeps it.
@@ -185,6 +188,8 @@ pub mod reason {
     pub const PREEMPTED: &str = "Preempted";
     /// Evicted and requeued: its ClusterQueue is stopped (`HoldAndDrain`).
     pub const CLUSTER_QUEUE_STOPPED: &str = "ClusterQueueStopped";
+    /// Evicted and requeued: its LocalQueue is stopped (`HoldAndDrain`).
+    pub const LOCAL_QUEUE_STOPPED: &str = "LocalQueueStopped";
 }
 
 /// Something for the runner to do. Sends are best effort (a lost message is

@@ -56,6 +56,8 @@ pub mod reason {
     pub const PREEMPTED: &str = "Preempted";
     /// Eviction because its ClusterQueue is stopped with `HoldAndDrain`.
     pub const CLUSTER_QUEUE_STOPPED: &str = "ClusterQueueStopped";
+    /// Eviction because its LocalQueue is stopped with `HoldAndDrain`.
+    pub const LOCAL_QUEUE_STOPPED: &str = "LocalQueueStopped";
     /// Preempted by a workload of its own ClusterQueue.
     pub const IN_CLUSTER_QUEUE: &str = "InClusterQueue";
     /// Preempted to give back quota its ClusterQueue borrowed in the cohort.
