@@ -240,7 +240,7 @@ impl TrainerAdmission {
             schemas: Schemas::get()?,
             clock: Box::new(SystemTime::now),
             runtimes: moka::sync::Cache::new(1024),
-            snapshots: moka::sync::Cache::new(1024),
+            snapshots: crate::memory::lru(1024),
             snapshot_runtimes: moka::sync::Cache::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()

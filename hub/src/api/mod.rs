@@ -379,13 +379,16 @@ mod tests {
                 "Capacity",
                 "Free",
                 "Running",
+                "Flavors",
+                "Queues",
                 "Last Heartbeat",
                 "Cert Expires",
                 "Age",
                 "Labels"
             ]
         );
-        assert_eq!(spokes.printer_columns[8].priority, 1);
+        assert_eq!(spokes.printer_columns[6].priority, 1);
+        assert_eq!(spokes.printer_columns[10].priority, 1);
         let ns = defs.iter().find(|d| d.plural == "namespaces").unwrap();
         assert!(!ns.namespaced && ns.short_names == ["ns"]);
         for plural in [

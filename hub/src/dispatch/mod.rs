@@ -394,11 +394,11 @@ impl Dispatch {
             next_id: std::sync::atomic::AtomicU64::new(1),
             logs: Mutex::new(HashMap::new()),
             demand: moka::sync::Cache::new(65_536),
-            enforced: moka::sync::Cache::new(ENFORCED_KEPT),
+            enforced: crate::memory::lru(ENFORCED_KEPT),
             pods: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
-            typed: moka::sync::Cache::new(TYPED_KEPT),
+            typed: crate::memory::lru(TYPED_KEPT),
             deferred: Mutex::new(HashMap::new()),
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),
@@ -1156,19 +1156,9 @@ impl Dispatch {
                     message,
                     preemption,
                 } => {
-                    let preempted = preemption.map(|p| {
-                        let message = format!(
-                            "Preempted by TrainJob {} (UID {}): {}",
-                            p.preemptor,
-                            p.preemptor_uid,
-                            if p.reason == quota::reason::IN_CLUSTER_QUEUE {
-                                "prioritization within its ClusterQueue"
-                            } else {
-                                "reclamation of quota lent in its cohort"
-                            }
-                        );
-                        (p.reason, message)
-                    });
+                    // The Preempted condition says what the Evicted one
+                    // does, as Kueue's do.
+                    let preempted = preemption.map(|p| (p.reason, message.clone()));
                     let eviction = queues::Eviction {
                         uid,
                         reason,

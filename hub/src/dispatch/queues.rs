@@ -437,24 +437,6 @@ fn cluster_queue_active(s: &ClusterQueueStatus) -> Cond {
     }
 }
 
-/// A uid for the Workload of TrainJob `uid`: stable, so rewriting the
-/// Workload keeps it, and in the UUID's shape.
-fn workload_uid(uid: &str) -> String {
-    let h = format!(
-        "{:016x}{:016x}",
-        hash_of(&("workload", uid)),
-        hash_of(&(uid, "workload"))
-    );
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
-
 /// Writes the `status` of a Kueue object: `fields` replaced, `conditions`
 /// set (a transition time moves only with its status).
 async fn write_status(store: Arc<dyn Store>, key: Key, fields: Value, conds: Vec<Cond>) {
@@ -703,7 +685,8 @@ impl Dispatch {
     }
 
     /// Writes the Workload of `job`, and mirrors its conditions on the
-    /// TrainJob (with an Event when it starts to wait, or gets its quota).
+    /// TrainJob once it has waited or been evicted, with an Event when it
+    /// starts to wait or gets its quota (see [`Self::mirror_conditions`]).
     /// The Workload's name; None if the TrainJob is gone.
     fn write_workload(&self, job: &QueuedJob, eviction: Option<&Eviction>) -> Option<String> {
         let trainjob_key = Key::new(TRAINJOBS, Some(&job.key.namespace), &job.key.name);
@@ -731,7 +714,11 @@ impl Dispatch {
                 o.value["metadata"]["creationTimestamp"].clone(),
                 o.value["status"].clone(),
             ),
-            None => (workload_uid(&job.uid).into(), now.clone().into(), json!({})),
+            None => (
+                workload::workload_uid(&job.uid).into(),
+                now.clone().into(),
+                json!({}),
+            ),
         };
         wl["metadata"]["uid"] = uid;
         wl["metadata"]["creationTimestamp"] = created;
@@ -810,6 +797,16 @@ impl Dispatch {
             conditions::QUOTA_RESERVED,
         )
         .and_then(|c| c["reason"].as_str().map(String::from));
+        // Admitted without ever waiting or being evicted: its Workload says
+        // so, and the TrainJob is not written again for it (a write of a
+        // TrainJob is the costliest a hub makes: it goes to every watcher).
+        let quiet = before.is_none()
+            && conds.iter().all(|c| {
+                (c.0 == conditions::QUOTA_RESERVED && c.1 == "True") || c.0 == conditions::ADMITTED
+            });
+        if quiet {
+            return;
+        }
         if let Some((_, _, reason, message)) =
             conds.iter().find(|c| c.0 == conditions::QUOTA_RESERVED)
             && before.as_deref() != Some(reason.as_str())
@@ -1024,14 +1021,5 @@ mod tests {
         let mut more = spokes.clone();
         more.push(spoke("y", 1000));
         assert_ne!(spokes_signature(&spokes), spokes_signature(&more));
-    }
-
-    #[test]
-    fn workload_uids_are_stable_and_shaped_as_uuids() {
-        let a = workload_uid("u1");
-        assert_eq!(a, workload_uid("u1"));
-        assert_ne!(a, workload_uid("u2"));
-        assert_eq!(a.len(), 36);
-        assert_eq!(a.matches('-').count(), 4);
     }
 }

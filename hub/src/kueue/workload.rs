@@ -113,6 +113,21 @@ pub fn workload_name(name: &str, uid: &str) -> String {
     format!("{prefix}-{}", &digest[..HASH_LENGTH])
 }
 
+/// The uid the hub gives the Workload of the TrainJob with `uid`: derived
+/// from it (SHA-1), so every hub replica and every rewrite gives the same,
+/// in the shape of a UUID.
+pub fn workload_uid(uid: &str) -> String {
+    let h = sha1(format!("Workload\n{uid}").as_bytes());
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 fn sha1(bytes: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, bytes);
     hex::encode(digest.as_ref())
@@ -259,6 +274,15 @@ mod tests {
             "metadata": {"name": "pytorch-mnist", "namespace": "team-a", "uid": "5b8f7c2e-1f0a-4c3b-9d6e-2a7b8c9d0e1f", "labels": labels},
             "spec": {"runtimeRef": {"name": "torch-distributed"}},
         })
+    }
+
+    #[test]
+    fn workload_uids_are_stable_and_shaped_as_uuids() {
+        let a = workload_uid("u1");
+        assert_eq!(a, workload_uid("u1"));
+        assert_ne!(a, workload_uid("u2"));
+        assert_eq!(a.len(), 36);
+        assert_eq!(a.matches('-').count(), 4);
     }
 
     #[test]

@@ -308,11 +308,19 @@ async fn a_higher_priority_trainjob_preempts_exactly_one_and_the_victim_runs_aga
     assert!(name.starts_with("low-"), "{name}");
     let evicted = condition(&victim, "Evicted").unwrap();
     assert_eq!(evicted["reason"], "Preempted", "{victim}");
+    // Named as Kueue names a preemptor: by its uids (it may be another
+    // tenant's), never by its name.
+    let urgent_uid = get(&hub, "urgent")["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let message = evicted["message"].as_str().unwrap();
     assert!(
-        evicted["message"]
-            .as_str()
-            .unwrap()
-            .contains("default/urgent"),
+        message.starts_with("Preempted to accommodate a workload (UID: ")
+            && message.contains(&format!(
+                "JobUID: {urgent_uid}) due to prioritization in the ClusterQueue"
+            ))
+            && !message.contains("urgent"),
         "{victim}"
     );
     eventually("urgent completes", &hub, Duration::from_secs(60), || {

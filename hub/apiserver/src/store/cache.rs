@@ -19,7 +19,10 @@ use super::{Event, EventType, Key, Object, RawObject, Rv, StoreError, Watch, mat
 
 /// Live events a watcher may lag behind before its watch is ended.
 const LIVE_BUFFER: usize = 65_536;
-/// Decoded objects kept for reads.
+/// Decoded objects kept for reads, least recently used evicted first:
+/// what was just written is what is read next (moka's default, TinyLFU,
+/// would turn away a new object in favour of ones read more often before,
+/// so in a burst of new TrainJobs nearly every read decoded again).
 const DECODED: u64 = 1024;
 
 /// An object as the cache holds it.
@@ -85,7 +88,10 @@ impl Cache {
                 live,
             }),
             history_cap: history_cap.max(1),
-            decoded: moka::sync::Cache::new(DECODED),
+            decoded: moka::sync::Cache::builder()
+                .max_capacity(DECODED)
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
+                .build(),
             seen: tokio::sync::watch::Sender::new(rv),
         }
     }

@@ -184,9 +184,15 @@ impl Dispatcher {
         if let Some(head) = head
             && head != *key
         {
-            let message = format!(
-                "waiting for {head}, the head of StrictFIFO ClusterQueue {cq_name}, to be admitted"
-            );
+            // Another namespace's TrainJob is not named to this one.
+            let message = if head.namespace == key.namespace {
+                format!(
+                    "waiting for {}, the head of StrictFIFO ClusterQueue {cq_name}, to be admitted",
+                    head.name
+                )
+            } else {
+                format!("waiting for the head of StrictFIFO ClusterQueue {cq_name} to be admitted")
+            };
             return self.wait(key, reason::PENDING, message);
         }
         let policy = cq.preemption;
@@ -300,7 +306,7 @@ impl Dispatcher {
             let (why, human) = if victim.same_queue {
                 (
                     reason::IN_CLUSTER_QUEUE,
-                    "prioritization within ClusterQueue",
+                    "prioritization in the ClusterQueue",
                 )
             } else {
                 (
@@ -308,8 +314,11 @@ impl Dispatcher {
                     "reclamation within the cohort",
                 )
             };
+            // Kueue's message: the preemptor by its uids only (it may be
+            // another tenant's).
             let message = format!(
-                "Preempted to make room for TrainJob {key} (UID {preemptor_uid}) by {human} {cq_name}"
+                "Preempted to accommodate a workload (UID: {}, JobUID: {preemptor_uid}) due to {human}",
+                crate::kueue::workload::workload_uid(&preemptor_uid)
             );
             let eviction = Eviction {
                 event: event::PREEMPTED,

@@ -567,7 +567,8 @@ fn a_higher_priority_job_preempts_the_fewest_newest_victims_on_one_spoke() {
         Action::Evicted { job, reason, preemption: Some(p), message, .. }
             if job.name == "low-2" && *reason == kueue::PREEMPTED
                 && p.reason == kueue::IN_CLUSTER_QUEUE && p.preemptor == key("high")
-                && message.contains("team/high"))));
+                && message.contains("JobUID: uid-high) due to prioritization in the ClusterQueue")
+                && !message.contains("team/high"))));
     assert!(actions.contains(&Action::Commit {
         job: key("low-2"),
         placement: Placement {
