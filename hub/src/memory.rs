@@ -62,6 +62,23 @@ pub fn release_static(bytes: &'static [u8]) {
     }
 }
 
+/// A bounded cache that evicts the least recently used entry first. The
+/// hub's caches hold what was just written or computed, read again soon
+/// after (a TrainJob's typed form, its runtime snapshot): moka's default
+/// policy (TinyLFU) admits a new key only if it is estimated to be read
+/// more often than the entry it would evict, which turns most of them away
+/// in a burst of new TrainJobs.
+pub fn lru<K, V>(capacity: u64) -> moka::sync::Cache<K, V>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    moka::sync::Cache::builder()
+        .max_capacity(capacity)
+        .eviction_policy(moka::policy::EvictionPolicy::lru())
+        .build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,21 +105,4 @@ mod tests {
         release_freed();
         assert!(CALLS.load(Ordering::SeqCst) >= 1);
     }
-}
-
-/// A bounded cache that evicts the least recently used entry first. The
-/// hub's caches hold what was just written or computed, read again soon
-/// after (a TrainJob's typed form, its runtime snapshot): moka's default
-/// policy (TinyLFU) admits a new key only if it is estimated to be read
-/// more often than the entry it would evict, which turns most of them away
-/// in a burst of new TrainJobs.
-pub fn lru<K, V>(capacity: u64) -> moka::sync::Cache<K, V>
-where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-{
-    moka::sync::Cache::builder()
-        .max_capacity(capacity)
-        .eviction_policy(moka::policy::EvictionPolicy::lru())
-        .build()
 }
