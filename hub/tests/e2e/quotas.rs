@@ -9,39 +9,13 @@ use serde_json::Value;
 
 use crate::common::{DevHub, eventually};
 
-/// A default flavor, a ClusterQueue of `cpu` CPUs (memory plenty) with
-/// `extra` spec lines, and LocalQueue `user-queue` in `default` for it.
+/// A default flavor, a ClusterQueue `cluster-queue` of `cpu` CPUs (memory
+/// plenty) with `extra` spec lines, and LocalQueue `user-queue` in
+/// `default` for it.
 fn queues(cpu: &str, extra: &str) -> String {
     format!(
-        "apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata:
-  name: default-flavor
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata:
-  name: cluster-queue
-spec:
-  namespaceSelector: {{}}
-{extra}  resourceGroups:
-  - coveredResources: [cpu, memory]
-    flavors:
-    - name: default-flavor
-      resources:
-      - name: cpu
-        nominalQuota: {cpu}
-      - name: memory
-        nominalQuota: 64Gi
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata:
-  namespace: default
-  name: user-queue
-spec:
-  clusterQueue: cluster-queue
-"
+        "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata:\n  name: default-flavor\n---\n{}",
+        cluster_queue_as("cluster-queue", "user-queue", cpu, None, extra)
     )
 }
 
@@ -218,18 +192,7 @@ async fn a_quota_smaller_than_the_spokes_holds_and_frees_as_jobs_finish() {
     assert!(events.contains("Pending"), "{events}");
 
     // As the first two finish, the third gets their quota and runs.
-    eventually(
-        "every TrainJob complete",
-        &hub,
-        Duration::from_secs(90),
-        || {
-            trainjobs(&hub)
-                .iter()
-                .all(|j| is_true(j, "Complete"))
-                .then_some(())
-        },
-    )
-    .await;
+    all_complete(&hub, Duration::from_secs(90)).await;
     let last = json(&hub, &["get", "trainjob", &waiting_name]);
     assert_eq!(
         condition(&last, "QuotaReserved").unwrap()["status"],
@@ -356,6 +319,17 @@ async fn a_higher_priority_trainjob_preempts_exactly_one_and_the_victim_runs_aga
 /// spec lines, and LocalQueue `name` in `default` for it (the flavor is
 /// `default-flavor`, made by [`queues`]).
 fn cluster_queue(name: &str, cpu: &str, cohort: Option<&str>, extra: &str) -> String {
+    cluster_queue_as(name, name, cpu, cohort, extra)
+}
+
+/// As [`cluster_queue`], the LocalQueue named `local_queue`.
+fn cluster_queue_as(
+    name: &str,
+    local_queue: &str,
+    cpu: &str,
+    cohort: Option<&str>,
+    extra: &str,
+) -> String {
     let cohort = cohort
         .map(|c| format!("  cohortName: {c}\n"))
         .unwrap_or_default();
@@ -380,7 +354,7 @@ apiVersion: kueue.x-k8s.io/v1beta2
 kind: LocalQueue
 metadata:
   namespace: default
-  name: {name}
+  name: {local_queue}
 spec:
   clusterQueue: {name}
 ---
@@ -393,6 +367,23 @@ fn trainjob_in(name: &str, queue: &str, nodes: u32, seconds: u32) -> String {
     trainjob(name, seconds, None)
         .replace("queue-name: user-queue", &format!("queue-name: {queue}"))
         .replace("numNodes: 1", &format!("numNodes: {nodes}"))
+}
+
+/// Waits until every TrainJob is Complete.
+async fn all_complete(hub: &DevHub, timeout: Duration) {
+    eventually("every TrainJob complete", hub, timeout, || {
+        trainjobs(hub)
+            .iter()
+            .all(|j| is_true(j, "Complete"))
+            .then_some(())
+    })
+    .await;
+}
+
+/// Sets `cluster-queue`'s `spec.stopPolicy`.
+fn stop_policy(hub: &DevHub, policy: &str) {
+    let patch = format!(r#"{{"spec":{{"stopPolicy":"{policy}"}}}}"#);
+    hub.kubectl_ok(&["patch", "cq", "cluster-queue", "--type=merge", "-p", &patch]);
 }
 
 fn get(hub: &DevHub, name: &str) -> Value {
@@ -526,18 +517,7 @@ async fn strict_fifo_waits_for_its_head_where_best_effort_fifo_goes_around_it() 
         "{small}"
     );
     // Once the first finishes, the gang and then the small one run.
-    eventually(
-        "every TrainJob complete",
-        &hub,
-        Duration::from_secs(120),
-        || {
-            trainjobs(&hub)
-                .iter()
-                .all(|j| is_true(j, "Complete"))
-                .then_some(())
-        },
-    )
-    .await;
+    all_complete(&hub, Duration::from_secs(120)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -563,14 +543,7 @@ async fn hold_and_drain_evicts_what_runs_and_resuming_runs_it_again() {
         },
     )
     .await;
-    hub.kubectl_ok(&[
-        "patch",
-        "cq",
-        "cluster-queue",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"stopPolicy":"HoldAndDrain"}}"#,
-    ]);
+    stop_policy(&hub, "HoldAndDrain");
     eventually(
         "both TrainJobs evicted, the ClusterQueue inactive",
         &hub,
@@ -593,14 +566,7 @@ async fn hold_and_drain_evicts_what_runs_and_resuming_runs_it_again() {
         .unwrap()
         .clone();
     assert_eq!(held["reason"], "Inadmissible", "{held}");
-    hub.kubectl_ok(&[
-        "patch",
-        "cq",
-        "cluster-queue",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"stopPolicy":"None"}}"#,
-    ]);
+    stop_policy(&hub, "None");
     eventually(
         "both TrainJobs run again and complete",
         &hub,
