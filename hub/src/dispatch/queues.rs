@@ -592,6 +592,14 @@ impl Dispatch {
             }
         };
         let mut published = lock(&self.published);
+        // A queue deleted is forgotten, so one created again under its name
+        // gets its status written.
+        published
+            .cluster_queues
+            .retain(|name, _| cqs.iter().any(|(n, _)| n == name));
+        published
+            .local_queues
+            .retain(|(ns, name), _| lqs.iter().any(|l| l.0 == *ns && l.1 == *name));
         for (name, s) in cqs {
             let fields = cluster_queue_status(&s);
             let active = cluster_queue_active(&s);
