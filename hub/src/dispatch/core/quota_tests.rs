@@ -732,18 +732,6 @@ fn a_placement_loaded_at_start_up_is_charged_to_the_flavor_its_spoke_provides() 
 
 // ---- property tests -------------------------------------------------------
 
-fn proptest_config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(cases);
-    ProptestConfig {
-        cases,
-        max_shrink_iters: 2000,
-        ..ProptestConfig::default()
-    }
-}
-
 #[derive(Debug, Clone)]
 enum Step {
     Submit {
@@ -851,7 +839,7 @@ fn check_quota(d: &Dispatcher) -> Result<(), TestCaseError> {
 
 #[test]
 fn quota_holds_and_no_job_runs_twice_under_any_sequence_of_events() {
-    let cfg = proptest_config(64);
+    let cfg = crate::dispatch::quota::proptest_config(64);
     proptest!(cfg, |(steps in prop::collection::vec(step(), 1..60))| {
         let mut d = random_world();
         let mut now: Millis = 0;

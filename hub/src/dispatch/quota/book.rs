@@ -639,18 +639,6 @@ mod tests {
         assert_eq!(q.flavors_usage("b", false)[0].resources[0].total, 0);
     }
 
-    fn proptest_config(cases: u32) -> proptest::test_runner::Config {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases);
-        proptest::test_runner::Config {
-            cases,
-            max_shrink_iters: 2000,
-            ..proptest::test_runner::Config::default()
-        }
-    }
-
     /// (nominal, borrowing limit, lending limit) in cpus, per queue.
     type Limits = (i64, Option<i64>, Option<i64>);
 
@@ -720,7 +708,7 @@ mod tests {
 
     #[test]
     fn admission_never_exceeds_quota_and_releasing_everything_returns_to_zero() {
-        let cfg = proptest_config(128);
+        let cfg = crate::dispatch::quota::proptest_config(128);
         let limits = (
             0i64..6,
             proptest::option::of(0i64..4),

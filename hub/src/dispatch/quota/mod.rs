@@ -63,3 +63,18 @@ pub mod reason {
     /// Preempted to give back quota its ClusterQueue borrowed in the cohort.
     pub const IN_COHORT_RECLAMATION: &str = "InCohortReclamation";
 }
+
+/// The property tests' configuration: `cases` unless `PROPTEST_CASES` says
+/// otherwise, shrinking bounded.
+#[cfg(test)]
+pub(crate) fn proptest_config(cases: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(cases);
+    proptest::test_runner::Config {
+        cases,
+        max_shrink_iters: 2000,
+        ..proptest::test_runner::Config::default()
+    }
+}

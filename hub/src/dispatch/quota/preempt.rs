@@ -578,18 +578,6 @@ mod tests {
         assert_eq!(t.usage(0, "f", "cpu"), 10_000);
     }
 
-    fn proptest_config(cases: u32) -> proptest::test_runner::Config {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(cases);
-        proptest::test_runner::Config {
-            cases,
-            max_shrink_iters: 2000,
-            ..proptest::test_runner::Config::default()
-        }
-    }
-
     /// (same queue, spoke, cpus, priority, admitted at)
     type Spec = (bool, usize, i64, i32, u64);
 
@@ -637,7 +625,7 @@ mod tests {
     /// and (`complete`) it is a smallest set that works on any spoke, and
     /// found whenever one exists.
     fn check_choice(budget: usize, complete: bool) {
-        let cfg = proptest_config(256);
+        let cfg = crate::dispatch::quota::proptest_config(256);
         let spec = (any::<bool>(), 0usize..3, 1i64..5, 0i32..3, 0u64..50);
         proptest::proptest!(cfg, |(
             mine in 1i64..9,
