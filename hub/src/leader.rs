@@ -467,6 +467,10 @@ impl Store for TermStore {
         self.inner.get(key)
     }
 
+    fn revision_of(&self, key: &Key) -> Option<Rv> {
+        self.inner.revision_of(key)
+    }
+
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.inner.list(resource, namespace)
     }

@@ -480,6 +480,13 @@ impl TrainerAdmission {
         let namespace = job.metadata.namespace.as_deref().unwrap_or_default();
         let uid = job.metadata.uid.as_deref().unwrap_or_default();
         let key = snapshot_key(namespace, uid);
+        // What this version of the snapshot was read as, without decoding
+        // it again (the snapshot is named by the TrainJob's uid).
+        if let Some(rv) = self.store.revision_of(&key)
+            && let Some(pinned) = self.snapshots.get(&(key.clone(), rv))
+        {
+            return Ok(pinned);
+        }
         let Some(stored) = self.store.get(&key).filter(|s| s.value["uid"] == uid) else {
             return Ok(Arc::new(Pinned {
                 runtime: self.runtime_of(job)?,
@@ -487,9 +494,6 @@ impl TrainerAdmission {
             }));
         };
         let cache_key = (key, stored.rv);
-        if let Some(pinned) = self.snapshots.get(&cache_key) {
-            return Ok(pinned);
-        }
         let unreadable =
             |e: String| format!("the runtime snapshot of the TrainJob is unreadable: {e}");
         let snapshotted = &stored.value["runtime"];

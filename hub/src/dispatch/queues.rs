@@ -266,19 +266,6 @@ pub(super) struct Published {
     local_queues: HashMap<(String, String), u64>,
 }
 
-/// A waiting TrainJob's state, its position capped at [`POSITIONS_SHOWN`]
-/// (what its published message says).
-fn shown(state: &QueueState) -> QueueState {
-    match state {
-        QueueState::Waiting(w) => QueueState::Waiting(Waiting {
-            position_in_cluster_queue: w.position_in_cluster_queue.min(POSITIONS_SHOWN),
-            position_in_local_queue: w.position_in_local_queue.min(POSITIONS_SHOWN),
-            ..w.clone()
-        }),
-        other => other.clone(),
-    }
-}
-
 fn waiting_message(w: &Waiting, queue: &QueueRef) -> String {
     let cq = queue.cluster_queue.as_deref().unwrap_or_default();
     if cq.is_empty() {
@@ -563,6 +550,12 @@ impl Dispatch {
             .local_queues()
             .map(|l| (l.namespace.clone(), l.name.clone(), l.cluster_queue.clone()))
             .collect();
+        let evictions = lock(&self.evictions).clone();
+        let mut published = lock(&self.published);
+        self.list_workloads(&mut published);
+        // What was published and is not a job of a queue any more.
+        let mut gone: std::collections::HashSet<super::core::JobKey> =
+            published.workloads.keys().cloned().collect();
         let (jobs, cqs, lqs) = {
             let state = lock(&self.state);
             let names: Vec<String> = state
@@ -585,13 +578,18 @@ impl Dispatch {
                     (ns, name, cq, status, active)
                 })
                 .collect();
-            if cqs.is_empty() && lqs.is_empty() && !state.has_queued_jobs() {
-                (Vec::new(), cqs, lqs)
+            let jobs = if cqs.is_empty() && lqs.is_empty() && !state.has_queued_jobs() {
+                Vec::new()
             } else {
-                (state.queued_jobs(), cqs, lqs)
-            }
+                let workloads = &published.workloads;
+                state.queued_jobs(POSITIONS_SHOWN, |key, uid, fingerprint| {
+                    gone.remove(key);
+                    let eviction = evictions.get(key).filter(|e| e.uid == uid);
+                    workloads.get(key).map(|(_, h)| *h) == Some(hash_of(&(fingerprint, eviction)))
+                })
+            };
+            (jobs, cqs, lqs)
         };
-        let mut published = lock(&self.published);
         // A queue deleted is forgotten, so one created again under its name
         // gets its status written.
         published
@@ -638,46 +636,45 @@ impl Dispatch {
                 tokio::spawn(write_status(self.store.clone(), key, fields, vec![cond]));
             }
         }
-        self.publish_workloads(&mut published, jobs);
+        self.publish_workloads(&mut published, jobs, gone, &evictions);
     }
 
-    fn publish_workloads(&self, published: &mut Published, jobs: Vec<QueuedJob>) {
-        if !published.listed {
-            published.listed = true;
-            // Workloads written before a restart (or by another leader):
-            // rewritten if still wanted, removed if not.
-            let (stored, _) = self.store.list(WORKLOADS, None);
-            for w in stored {
-                let owner = &w.value["metadata"]["ownerReferences"][0];
-                if let Some(name) = owner["name"].as_str() {
-                    published
-                        .workloads
-                        .insert(job_key(&w.key.namespace, name), (w.key.name.clone(), 0));
-                }
+    /// Learns the Workloads in the store, once a run: those written before a
+    /// restart (or by another leader) are rewritten if still wanted and
+    /// removed if not.
+    fn list_workloads(&self, published: &mut Published) {
+        if published.listed {
+            return;
+        }
+        published.listed = true;
+        let (stored, _) = self.store.list(WORKLOADS, None);
+        for w in stored {
+            let owner = &w.value["metadata"]["ownerReferences"][0];
+            if let Some(name) = owner["name"].as_str() {
+                published
+                    .workloads
+                    .insert(job_key(&w.key.namespace, name), (w.key.name.clone(), 0));
             }
         }
-        let mut gone: std::collections::HashSet<super::core::JobKey> =
-            published.workloads.keys().cloned().collect();
-        let evictions = lock(&self.evictions).clone();
-        for job in jobs {
-            gone.remove(&job.key);
+    }
+
+    /// Writes the Workloads of `jobs` (those that changed, with their
+    /// fingerprints) and removes those of jobs `gone`.
+    fn publish_workloads(
+        &self,
+        published: &mut Published,
+        jobs: Vec<(QueuedJob, u64)>,
+        gone: std::collections::HashSet<super::core::JobKey>,
+        evictions: &HashMap<super::core::JobKey, Eviction>,
+    ) {
+        for (job, fingerprint) in jobs {
             let eviction = evictions.get(&job.key).filter(|e| e.uid == job.uid);
-            let h = hash_of(&(
-                &job.uid,
-                format!("{:?}", shown(&job.state)),
-                format!("{:?}", job.want),
-                job.priority,
-                eviction,
-            ));
-            if published.workloads.get(&job.key).map(|(_, h)| *h) == Some(h) {
+            let Some(name) = self.write_workload(&job, eviction) else {
                 continue;
-            }
-            match self.write_workload(&job, eviction) {
-                Some(name) => {
-                    published.workloads.insert(job.key.clone(), (name, h));
-                }
-                None => continue,
-            }
+            };
+            published
+                .workloads
+                .insert(job.key.clone(), (name, hash_of(&(fingerprint, eviction))));
             if eviction.is_some() && matches!(job.state, QueueState::Reserved { .. }) {
                 lock(&self.evictions).remove(&job.key);
             }
@@ -891,8 +888,6 @@ mod tests {
             "{}",
             far[0].3
         );
-        assert_eq!(shown(&waiting(500)), shown(&waiting(900)));
-        assert_ne!(shown(&waiting(5)), shown(&waiting(6)));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //!
 //! Objects and history are held as their encoded JSON (shared between an
 //! object and its latest event) and decoded on read; a bounded cache of
-//! decoded objects keeps the reads of hot objects (the dispatch path reads
-//! what was just written) from decoding again. A decoded value carries
+//! decoded objects keeps the reads of hot objects from decoding again (an
+//! object enters it when it is read, and writes keep it fresh there, so
+//! objects written and never read, such as Events, do not push the others
+//! out). A decoded value carries
 //! `metadata.resourceVersion` stamped from the entry's revision, so what is
 //! encoded need not hold it (etcd's values do not).
 
@@ -144,11 +146,16 @@ impl Cache {
                             bytes: change.bytes.clone(),
                         },
                     );
-                    match &change.value {
-                        Some(value) => self
-                            .decoded
-                            .insert(change.key.clone(), (change.rv, value.clone())),
-                        None => self.decoded.invalidate(&change.key),
+                    // Kept fresh where it was read before; an object
+                    // nobody reads (an Event, a pod shown) does not push
+                    // out those that are.
+                    if self.decoded.contains_key(&change.key) {
+                        match &change.value {
+                            Some(value) => self
+                                .decoded
+                                .insert(change.key.clone(), (change.rv, value.clone())),
+                            None => self.decoded.invalidate(&change.key),
+                        }
                     }
                 }
             }

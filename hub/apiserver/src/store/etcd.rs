@@ -806,6 +806,10 @@ impl Store for EtcdStore {
         self.cache.get(key)
     }
 
+    fn revision_of(&self, key: &Key) -> Option<Rv> {
+        self.cache.stored(key).map(|s| s.rv)
+    }
+
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.cache.list(resource, namespace)
     }
@@ -864,6 +868,10 @@ struct Fenced {
 impl Store for Fenced {
     fn get(&self, key: &Key) -> Option<Object> {
         self.store.get(key)
+    }
+
+    fn revision_of(&self, key: &Key) -> Option<Rv> {
+        self.store.revision_of(key)
     }
 
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {

@@ -271,6 +271,13 @@ fn matches_scope(key: &Key, resource: &str, namespace: Option<&str>) -> bool {
 pub trait Store: Send + Sync + 'static {
     fn get(&self, key: &Key) -> Option<Object>;
 
+    /// The resourceVersion of the object at `key`, without decoding it: for
+    /// a reader that keeps what it made of a version (and only needs the
+    /// object when that version is new to it).
+    fn revision_of(&self, key: &Key) -> Option<Rv> {
+        self.get(key).map(|o| o.rv)
+    }
+
     /// Objects of `resource` (in `namespace`, or all), sorted by key, and the
     /// resourceVersion the list is consistent at.
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv);

@@ -472,6 +472,10 @@ impl Store for RedbStore {
         self.cache.get(key)
     }
 
+    fn revision_of(&self, key: &Key) -> Option<Rv> {
+        self.cache.stored(key).map(|s| s.rv)
+    }
+
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.cache.list(resource, namespace)
     }

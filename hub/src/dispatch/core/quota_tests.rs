@@ -489,8 +489,9 @@ fn a_held_local_queue_admits_nothing_and_hold_and_drain_evicts_what_runs() {
     assert_eq!(d.cluster_queue_status("cq").unwrap().pending_workloads, 2);
 }
 
-#[test]
-fn queued_jobs_show_reservations_and_each_waiting_position_in_one_pass() {
+/// A ClusterQueue with room for one of four 2-cpu jobs "a" to "d" (in
+/// that order; "c" in `c_local_queue`), "a" placed on s1.
+fn one_placed_three_waiting(c_local_queue: &str) -> Dispatcher {
     let mut d = dispatcher();
     d.set_quota_config(
         config(
@@ -503,16 +504,22 @@ fn queued_jobs_show_reservations_and_each_waiting_position_in_one_pass() {
     for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
         let mut info = managed(name, "cq", 2000, 0, i as i64);
         if *name == "c" {
-            // Another LocalQueue of the same ClusterQueue.
-            info.queue.as_mut().unwrap().local_queue = "other".into();
+            info.queue.as_mut().unwrap().local_queue = c_local_queue.into();
         }
         d.upsert_job(info, None, 0);
     }
     place(&mut d, "a", "s1", 0);
+    d
+}
+
+#[test]
+fn queued_jobs_show_reservations_and_each_waiting_position_in_one_pass() {
+    // "c" in another LocalQueue of the same ClusterQueue.
+    let d = one_placed_three_waiting("other");
     let jobs: BTreeMap<String, QueueState> = d
-        .queued_jobs()
+        .queued_jobs(usize::MAX, |_, _, _| false)
         .into_iter()
-        .map(|j| (j.key.name, j.state))
+        .map(|(j, _)| (j.key.name, j.state))
         .collect();
     assert!(
         matches!(&jobs["a"], QueueState::Reserved { spoke: Some(s), cluster_queue, .. }
@@ -530,6 +537,49 @@ fn queued_jobs_show_reservations_and_each_waiting_position_in_one_pass() {
     assert_eq!(
         (w.position_in_cluster_queue, w.position_in_local_queue),
         (2, 1)
+    );
+}
+
+#[test]
+fn queued_jobs_copy_out_only_what_changed_and_cap_positions() {
+    let mut d = one_placed_three_waiting("lq");
+    // Positions at most 1: "c" (1 ahead) and "d" (2 ahead) read the same.
+    let first: BTreeMap<String, (QueueState, u64)> = d
+        .queued_jobs(1, |_, _, _| false)
+        .into_iter()
+        .map(|(j, h)| (j.key.name, (j.state, h)))
+        .collect();
+    let position = |name: &str| match &first[name].0 {
+        QueueState::Waiting(w) => w.position_in_cluster_queue,
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!((position("b"), position("c"), position("d")), (0, 1, 1));
+    // Asked again with the fingerprints of the first pass: every job is
+    // still asked about (with its uid), none is copied.
+    let mut asked = Vec::new();
+    let again = d.queued_jobs(1, |k, uid, h| {
+        asked.push((k.name.clone(), uid.to_string()));
+        first[&k.name].1 == h
+    });
+    assert!(again.is_empty(), "{again:?}");
+    assert_eq!(asked.len(), 4);
+    assert!(
+        asked
+            .iter()
+            .all(|(name, uid)| uid == &format!("uid-{name}")),
+        "{asked:?}"
+    );
+    // "b" gets its quota once "a" finishes: "a", "b" and "c" change
+    // (finished, reserved, now the head); "d" stays capped at 1.
+    finish(&mut d, "a", 100);
+    let changed: BTreeSet<String> = d
+        .queued_jobs(1, |k, _, h| first[&k.name].1 == h)
+        .into_iter()
+        .map(|(j, _)| j.key.name)
+        .collect();
+    assert_eq!(
+        changed,
+        BTreeSet::from(["a".into(), "b".into(), "c".into()])
     );
 }
 

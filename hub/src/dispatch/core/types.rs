@@ -48,7 +48,7 @@ pub fn gang_total(pod_sets: &[PodSetDemand]) -> Resources {
 }
 
 /// What the TrainJob asks of dispatch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Want {
     /// Queued or running.
     Run,

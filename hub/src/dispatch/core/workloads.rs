@@ -2,12 +2,13 @@
 //! dispatcher's state that the runner publishes from.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use super::{Dispatcher, JobKey, Phase, PodSetDemand, QueueRef, Want};
 use crate::dispatch::quota::{Assignment, Waiting, reason};
 
 /// Where a job of a queue stands.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Hash)]
 pub enum QueueState {
     /// Not queued and holding no quota: suspended, finished, being deleted,
     /// or not yet queued.
@@ -35,10 +36,19 @@ pub struct QueuedJob {
 }
 
 impl Dispatcher {
-    /// Every job of a queue and where it stands. Positions are counted in
-    /// one pass over each ClusterQueue's waiting jobs, so this is linear in
-    /// the jobs, however long the queues.
-    pub fn queued_jobs(&self) -> Vec<QueuedJob> {
+    /// The jobs of queues and where each stands, positions capped at
+    /// `positions_shown`, copied out only where they may have changed.
+    /// `unchanged(key, uid, fingerprint)` is asked for every job of a queue (so
+    /// the caller also learns which exist); the fingerprint covers all a
+    /// [`QueuedJob`] says that can change, and a job `unchanged` answers
+    /// true for is not copied. Positions are counted in one pass over each
+    /// ClusterQueue's waiting jobs, so this is linear in the jobs, however
+    /// long the queues, and a pass where little changed copies little.
+    pub fn queued_jobs(
+        &self,
+        positions_shown: usize,
+        mut unchanged: impl FnMut(&JobKey, &str, u64) -> bool,
+    ) -> Vec<(QueuedJob, u64)> {
         let positions = self.positions();
         let mut out = Vec::new();
         for job in self.jobs.values() {
@@ -62,21 +72,30 @@ impl Dispatcher {
                     QueueState::Waiting(Waiting {
                         reason: why,
                         message,
-                        position_in_cluster_queue: in_cq,
-                        position_in_local_queue: in_lq,
+                        position_in_cluster_queue: in_cq.min(positions_shown),
+                        position_in_local_queue: in_lq.min(positions_shown),
                     })
                 }
                 (None, _) => QueueState::Idle,
             };
-            out.push(QueuedJob {
-                key: key.clone(),
-                uid: job.info.uid.clone(),
-                priority: job.info.priority,
-                want: job.info.want,
-                queue: queue.clone(),
-                pod_sets: job.info.pod_sets.clone(),
-                state,
-            });
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&job.info.uid, &state, job.info.want, job.info.priority).hash(&mut h);
+            let fingerprint = h.finish();
+            if unchanged(key, &job.info.uid, fingerprint) {
+                continue;
+            }
+            out.push((
+                QueuedJob {
+                    key: key.clone(),
+                    uid: job.info.uid.clone(),
+                    priority: job.info.priority,
+                    want: job.info.want,
+                    queue: queue.clone(),
+                    pod_sets: job.info.pod_sets.clone(),
+                    state,
+                },
+                fingerprint,
+            ));
         }
         out
     }

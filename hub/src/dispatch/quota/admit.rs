@@ -26,7 +26,7 @@ pub enum Mode {
 }
 
 /// The flavors chosen for a workload and what it charges to them.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
 pub struct Assignment {
     /// Resource → flavor.
     pub flavors: BTreeMap<String, String>,

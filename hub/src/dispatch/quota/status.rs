@@ -50,7 +50,7 @@ pub struct LocalQueueStatus {
 
 /// Why a queued workload waits, as its Workload's `QuotaReserved=False`
 /// condition says it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Waiting {
     /// [`super::reason::PENDING`] or [`super::reason::INADMISSIBLE`].
     pub reason: &'static str,
