@@ -205,24 +205,22 @@ impl RuntimeInfo {
         self.pod_sets.iter_mut().find(|p| p.name == name)
     }
 
-    /// The pod set whose ancestor step is `trainer`; for MPI runtimes, which
-    /// label the launcher, the `node` job is the trainer's worker set.
+    /// The pod set of the trainer step: the first replicated job labelled
+    /// `trainer.kubeflow.org/trainjob-ancestor-step: trainer`, as upstream
+    /// finds it. A job merely named `node` is not the trainer (for MPI
+    /// runtimes the launcher carries the label).
     pub fn trainer(&self) -> Result<&PodSet, Failure> {
         self.pod_sets
             .iter()
-            .find(|p| p.ancestor.as_deref() == Some(constants::ANCESTOR_TRAINER))
-            .or_else(|| self.pod_set(constants::NODE))
-            .ok_or_else(|| Failure::new("the runtime has no trainer job"))
+            .find(|p| is_trainer(p))
+            .ok_or_else(no_trainer)
     }
 
     pub fn trainer_mut(&mut self) -> Result<&mut PodSet, Failure> {
-        let index = self
-            .pod_sets
-            .iter()
-            .position(|p| p.ancestor.as_deref() == Some(constants::ANCESTOR_TRAINER))
-            .or_else(|| self.pod_sets.iter().position(|p| p.name == constants::NODE))
-            .ok_or_else(|| Failure::new("the runtime has no trainer job"))?;
-        Ok(&mut self.pod_sets[index])
+        self.pod_sets
+            .iter_mut()
+            .find(|p| is_trainer(p))
+            .ok_or_else(no_trainer)
     }
 
     /// Pods in all sets.
@@ -312,14 +310,23 @@ impl Container {
         }
     }
 
-    /// Adds a container port unless one with that number exists.
+    /// Upserts the unnamed port `port` as upstream's `apply.UpsertPort`
+    /// does: it replaces, in place, the first port with that number or with
+    /// the same name (two unnamed ports share a name), else it is appended.
+    /// A runtime's unnamed port is therefore replaced, not kept beside it.
     pub fn upsert_port(&mut self, port: i32) {
-        if !self.ports.iter().any(|p| p.container_port == port) {
-            self.ports.push(ContainerPort {
-                name: None,
-                container_port: port,
-                protocol: None,
-            });
+        let new = ContainerPort {
+            name: None,
+            container_port: port,
+            protocol: None,
+        };
+        match self
+            .ports
+            .iter_mut()
+            .find(|p| p.container_port == port || p.name == new.name)
+        {
+            Some(existing) => *existing = new,
+            None => self.ports.push(new),
         }
     }
 
@@ -328,6 +335,18 @@ impl Container {
     pub fn request_or_limit(&self, resource: &str) -> Option<&str> {
         find_quantity(&self.requests, resource).or_else(|| find_quantity(&self.limits, resource))
     }
+}
+
+fn is_trainer(set: &PodSet) -> bool {
+    set.ancestor.as_deref() == Some(constants::ANCESTOR_TRAINER)
+}
+
+fn no_trainer() -> Failure {
+    Failure::new(format!(
+        "the runtime has no replicated job labelled {}={}",
+        constants::LABEL_TRAINJOB_ANCESTOR,
+        constants::ANCESTOR_TRAINER
+    ))
 }
 
 fn find_quantity<'a>(list: &'a [Quantity], name: &str) -> Option<&'a str> {

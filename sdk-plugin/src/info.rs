@@ -1,7 +1,9 @@
 //! The runtime info the host computes before the Build phase: the runtime's
 //! JobSet template with the TrainJob's runtime patches applied, split into
 //! pod sets that carry the TrainJob's overrides (trainer image, command,
-//! args, env and resources; initializer storage URIs, env and secrets).
+//! args and resources; initializer storage URIs, env and secrets). The
+//! trainer's env is left to the ML plugin and the JobSet builder, which place
+//! it among the env they inject as upstream does.
 //!
 //! Plugins then refine the info (counts, env, ports, volumes, pod labels)
 //! and the JobSet builder writes the pod sets back onto the template.
@@ -17,7 +19,8 @@
 //!   `mlPolicy.numNodes` (1 in practice); the MPI plugin sizes the `node` job;
 //! - any other job: its template's `parallelism`, else 1.
 //!
-//! Counts are at least 1.
+//! Counts start at least 1, as upstream's; the ML plugins then set the
+//! trainer's to the TrainJob's `trainer.numNodes`, which may be 0.
 
 mod convert;
 mod merge;
@@ -140,13 +143,7 @@ pub fn new_runtime_info(job: &TrainJob, runtime: &Runtime) -> Result<RuntimeInfo
             .iter_mut()
             .find(|c| c.name == constants::NODE)
         {
-            apply_trainer(
-                job,
-                node,
-                is_trainer,
-                is_trainer || (run_launcher_as_node && rjob.name == constants::NODE),
-                trainer_resources,
-            );
+            apply_trainer(job, node, is_trainer, trainer_resources);
         }
         if let Some(initializer) = job.spec.initializer.as_ref() {
             for (step, source) in [
@@ -418,15 +415,13 @@ fn subdomain(template: &JobSetSpec, job_name: &str) -> String {
 }
 
 /// The TrainJob's `trainer` on the `node` container: image, command and args
-/// on the trainer step; env upserted (the TrainJob wins) and
-/// `resourcesPerNode` merged key by key where `with_env` / `with_resources`.
-fn apply_trainer(
-    job: &TrainJob,
-    node: &mut Container,
-    is_trainer: bool,
-    with_env: bool,
-    with_resources: bool,
-) {
+/// on the trainer step; `resourcesPerNode` merged key by key where
+/// `with_resources`.
+///
+/// `trainer.env` is not applied here: as upstream, the ML plugin decides
+/// where it goes among the env it injects (torch and plainml merge it before
+/// their own), and the JobSet builder upserts it last.
+fn apply_trainer(job: &TrainJob, node: &mut Container, is_trainer: bool, with_resources: bool) {
     let Some(trainer) = job.spec.trainer.as_ref() else {
         return;
     };
@@ -439,11 +434,6 @@ fn apply_trainer(
         }
         if trainer.args.is_some() {
             node.args.clone_from(&trainer.args);
-        }
-    }
-    if with_env {
-        for var in trainer.env.iter().flatten() {
-            node.upsert_env_var(env_record(var));
         }
     }
     if with_resources && let Some(resources) = &trainer.resources_per_node {

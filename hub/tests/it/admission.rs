@@ -439,9 +439,9 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
                 json!({"runtimeRef": torch(), "trainer": {"env": [{"name": "PET_NNODES", "value": "4"}]}}),
             ),
             vec![cause(
-                "spec.trainer.env[0].name",
+                "spec.trainer.env",
                 "FieldValueInvalid",
-                "Invalid value: \"PET_NNODES\": must not set PET_NNODES: the PyTorch runtime sets it",
+                r#"Invalid value: "[{\"name\":\"PET_NNODES\",\"value\":\"4\"}]": must not have reserved envs, invalid envs configured: [PET_NNODES]"#,
             )],
         ),
     ];
@@ -794,7 +794,7 @@ async fn admission_runs_the_wasm_plugins_of_a_registry() {
     );
     let found = causes(&hub.create(&bad).unwrap_err());
     assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!(found[0].0, "spec.trainer.env[0].name");
+    assert_eq!(found[0].0, "spec.trainer.env");
 }
 
 /// Only the policy's admin groups set a TrainJob's priority: a tenant's

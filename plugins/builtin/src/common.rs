@@ -1,11 +1,13 @@
 //! What several plugins share: object metadata owned by the TrainJob,
-//! reserved-env validation, trainer lookups and resource counts.
+//! reserved-env validation, trainer lookups, the TrainJob's env, and
+//! resource counts.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;
 use trainhub_plugin_sdk::api::trainer::MlPolicy;
+use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
 use crate::quantity::Quantity as Amount;
@@ -43,26 +45,29 @@ pub(crate) fn to_json<T: Serialize>(what: &str, value: &T) -> Result<Value, Fail
         .map_err(|e| Failure::new(format!("cannot serialise the {what}: {e}")))
 }
 
-/// One error per `spec.trainer.env` entry that sets a name the plugin injects.
-pub(crate) fn reserved_env_errors(
-    job: &TrainJob,
-    reserved: &[&str],
-    plugin: &str,
-) -> Vec<FieldError> {
-    job.spec
-        .trainer
+/// The one error upstream's torch and MPI plugins give when
+/// `spec.trainer.env` sets names they reserve: on the whole list, naming the
+/// offending names sorted.
+pub(crate) fn reserved_env_error(job: &TrainJob, reserved: &[&str]) -> Option<FieldError> {
+    let env = job.spec.trainer.as_ref()?.env.as_ref()?;
+    let mut names: Vec<&str> = env
         .iter()
-        .flat_map(|t| t.env.iter().flatten())
-        .enumerate()
-        .filter(|(_, var)| reserved.contains(&var.name.as_str()))
-        .map(|(i, var)| {
-            FieldError::invalid(
-                format!("spec.trainer.env[{i}].name"),
-                Some(var.name.clone()),
-                format!("must not set {}: the {plugin} runtime sets it", var.name),
-            )
-        })
-        .collect()
+        .map(|var| var.name.as_str())
+        .filter(|name| reserved.contains(name))
+        .collect();
+    if names.is_empty() {
+        return None;
+    }
+    names.sort_unstable();
+    names.dedup();
+    Some(FieldError::invalid(
+        "spec.trainer.env",
+        serde_json::to_string(env).ok(),
+        format!(
+            "must not have reserved envs, invalid envs configured: [{}]",
+            names.join(" ")
+        ),
+    ))
 }
 
 /// The parsed `mlPolicy` of the runtime info.
@@ -70,18 +75,45 @@ pub(crate) fn ml_policy(info: &RuntimeInfo) -> Result<MlPolicy, Failure> {
     info.ml_policy()
 }
 
-/// The trainer pod set's count set to the TrainJob's `trainer.numNodes`,
-/// when given.
-pub(crate) fn set_trainer_count(info: &mut RuntimeInfo, job: &TrainJob) -> Result<(), Failure> {
-    if let Some(nodes) = job.spec.trainer.as_ref().and_then(|t| t.num_nodes) {
-        info.trainer_mut()?.count = positive_count(nodes);
+/// The trainer step's count set to the TrainJob's `trainer.numNodes`, when
+/// both exist. 0 is kept, as upstream keeps it.
+pub(crate) fn set_trainer_count(info: &mut RuntimeInfo, job: &TrainJob) {
+    if let Some(nodes) = job.spec.trainer.as_ref().and_then(|t| t.num_nodes)
+        && let Ok(trainer) = info.trainer_mut()
+    {
+        trainer.count = pod_count(nodes);
     }
-    Ok(())
 }
 
-/// A count as a pod set holds it: at least 1.
-pub(crate) fn positive_count(value: i32) -> u32 {
-    u32::try_from(value.max(1)).unwrap_or(1)
+/// The trainer step's count, 1 without a trainer step (as upstream reads it).
+pub(crate) fn trainer_count(info: &RuntimeInfo) -> u32 {
+    info.trainer().map_or(1, |t| t.count)
+}
+
+/// A node count as a pod set holds it. The API refuses a negative one; it
+/// would count as 0.
+pub(crate) fn pod_count(value: i32) -> u32 {
+    u32::try_from(value).unwrap_or(0)
+}
+
+/// The trainer's `node` container, which upstream's ML plugins touch only
+/// when the TrainJob sets `spec.trainer`: in the replicated job labelled as
+/// the trainer step.
+pub(crate) fn trainer_node<'a>(
+    info: &'a mut RuntimeInfo,
+    job: &TrainJob,
+) -> Option<&'a mut Container> {
+    job.spec.trainer.as_ref()?;
+    info.trainer_mut().ok()?.container_mut(constants::NODE)
+}
+
+/// `spec.trainer.env` upserted onto `container` as upstream merges it: an
+/// entry replaces the one of its name in place, a new name is appended, in
+/// the TrainJob's order.
+pub(crate) fn upsert_trainer_env(container: &mut Container, job: &TrainJob) {
+    for var in job.spec.trainer.iter().flat_map(|t| t.env.iter().flatten()) {
+        container.upsert_env_var(info::env_record(var));
+    }
 }
 
 /// `J-node-0-0.J`: the first trainer pod, where rendezvous happens.
@@ -96,8 +128,9 @@ pub(crate) fn completion_index_env(container: &mut Container, name: &str) {
 }
 
 /// The requests and limits of one trainer node, as upstream reads them: the
-/// TrainJob's `resourcesPerNode` when set, else the `node` container of the
-/// first replicated job that is named `node` or is the trainer step.
+/// TrainJob's `resourcesPerNode` when set, else the resources of the `node`
+/// container of the first replicated job that is named `node` or is the
+/// trainer step and has resources set.
 pub(crate) fn resources_per_node(
     info: &RuntimeInfo,
     job: &TrainJob,
@@ -129,7 +162,8 @@ pub(crate) fn resources_per_node(
         .filter(|p| {
             p.name == constants::NODE || p.ancestor.as_deref() == Some(constants::ANCESTOR_TRAINER)
         })
-        .find_map(|p| p.container(constants::NODE))
+        .filter_map(|p| p.container(constants::NODE))
+        .find(|c| !c.requests.is_empty() || !c.limits.is_empty())
         .map(|c| (c.requests.clone(), c.limits.clone()))
         .unwrap_or_default()
 }

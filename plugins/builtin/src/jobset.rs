@@ -11,7 +11,7 @@ use trainhub_plugin_sdk::api::trainer::JobStatus;
 use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
-use crate::common::{job_name, owned_metadata, to_json};
+use crate::common::{job_name, ml_policy, owned_metadata, to_json, upsert_trainer_env};
 
 /// The JobSet plugin. It applies to every TrainJob.
 #[derive(Default)]
@@ -79,6 +79,9 @@ impl Plugin for JobSet {
 /// every pod set written back onto its replicated job.
 pub fn build_jobset(info: &RuntimeInfo, job: &TrainJob) -> Result<JobSetObject, Failure> {
     let mut spec: JobSetSpec = info.template_as()?;
+    let launcher_as_node = ml_policy(info)?
+        .mpi
+        .is_some_and(|mpi| mpi.run_launcher_as_node == Some(true));
     for rjob in spec.replicated_jobs.iter_mut().flatten() {
         let Some(set) = info.pod_set(&rjob.name) else {
             continue;
@@ -96,7 +99,10 @@ pub fn build_jobset(info: &RuntimeInfo, job: &TrainJob) -> Result<JobSetObject, 
         job_spec.completions = Some(count);
         let pod = &mut job_spec.template;
         let pod_spec = pod.spec.get_or_insert_with(Default::default);
-        sync_containers(&set.containers, &mut pod_spec.containers)?;
+        sync_containers(
+            &with_trainer_env(set, job, launcher_as_node),
+            &mut pod_spec.containers,
+        )?;
         let mut init = pod_spec.init_containers.take().unwrap_or_default();
         sync_containers(&set.init_containers, &mut init)?;
         pod_spec.init_containers = (!init.is_empty()).then_some(init);
@@ -126,6 +132,21 @@ pub fn build_jobset(info: &RuntimeInfo, job: &TrainJob) -> Result<JobSetObject, 
         spec,
         status: None,
     })
+}
+
+/// The pod set's containers with `spec.trainer.env` upserted last on the
+/// `node` container of the trainer step (and of the `node` job when the MPI
+/// launcher runs as a node), as upstream's JobSet builder applies it: the
+/// TrainJob's entries win over what the ML plugin injected, in place, and
+/// its new names come last.
+fn with_trainer_env(set: &PodSet, job: &TrainJob, launcher_as_node: bool) -> Vec<Container> {
+    let mut containers = set.containers.clone();
+    let takes_env = set.ancestor.as_deref() == Some(constants::ANCESTOR_TRAINER)
+        || (launcher_as_node && set.name == constants::NODE);
+    if takes_env && let Some(node) = containers.iter_mut().find(|c| c.name == constants::NODE) {
+        upsert_trainer_env(node, job);
+    }
+    containers
 }
 
 /// Each record onto the container of its name, or appended when new.
@@ -204,6 +225,8 @@ fn validate_initializers(job: &TrainJob, info: &RuntimeInfo, validation: &mut Va
 }
 
 /// The trainer's overrides need a `node` container in the trainer step.
+/// Upstream does not check this and silently drops the overrides; trainhub
+/// refuses the TrainJob instead (docs/plugins-upstream.md).
 fn validate_trainer(job: &TrainJob, info: &RuntimeInfo, validation: &mut Validation) {
     if job.spec.trainer.is_none() {
         return;
@@ -214,10 +237,9 @@ fn validate_trainer(job: &TrainJob, info: &RuntimeInfo, validation: &mut Validat
             "spec.runtimeRef",
             runtime_ref,
             format!(
-                "must have a replicated job labelled {}={} (or named {}) to run spec.trainer",
+                "must have a replicated job labelled {}={} to run spec.trainer",
                 constants::LABEL_TRAINJOB_ANCESTOR,
                 constants::ANCESTOR_TRAINER,
-                constants::NODE
             ),
         )),
         Ok(set) if set.container(constants::NODE).is_none() => {

@@ -4,16 +4,18 @@
 //! unit-tested natively through [`trainhub_plugin_sdk::testing::Harness`] and
 //! built, unchanged, into its own WebAssembly component by the crates under
 //! `plugins/<name>/`. They reproduce Kubeflow Trainer v2.3's runtime
-//! framework plugins of the same names.
+//! framework plugins of the same names; `docs/plugins-upstream.md` names the
+//! upstream files and commit each was checked against, and the deliberate
+//! differences.
 //!
 //! | plugin | applies to | phases |
 //! |---|---|---|
 //! | [`jobset::JobSet`] | every TrainJob | validate, build (the JobSet), status |
-//! | [`torch::Torch`] | `mlPolicy.torch` | validate, enforce ML policy |
+//! | [`torch::Torch`] | `mlPolicy.torch` (TorchTune included) | validate, enforce ML policy |
 //! | [`mpi::Mpi`] | `mlPolicy.mpi` | validate, enforce ML policy, build (SSH Secret, hostfile ConfigMap) |
 //! | [`plainml::PlainMl`] | no torch, mpi or jax policy | enforce ML policy |
 //! | [`python::Python`] | framework label `python` | validate, enforce ML policy |
-//! | [`jax::Jax`] | `mlPolicy.jax` | validate, enforce ML policy |
+//! | [`jax::Jax`] | `mlPolicy.jax` | enforce ML policy |
 //! | [`xgboost::Xgboost`] | `mlPolicy.xgboost` | validate, enforce ML policy |
 //! | [`coscheduling::Coscheduling`] | `podGroupPolicy.coscheduling` | enforce pod-group policy, build (PodGroup) |
 //! | [`volcano::Volcano`] | `podGroupPolicy.volcano` | validate, enforce pod-group policy, build (PodGroup) |
@@ -53,3 +55,4 @@ pub mod xgboost;
 mod common;
 mod podgroup;
 mod ssh;
+mod torchtune;

@@ -13,8 +13,8 @@ use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
 use crate::common::{
-    gpus, job_name, ml_policy, owned_metadata, positive_count, reserved_env_errors,
-    resources_per_node, to_json,
+    gpus, job_name, ml_policy, owned_metadata, pod_count, reserved_env_error, resources_per_node,
+    to_json,
 };
 use crate::ssh;
 
@@ -42,7 +42,6 @@ impl Plugin for Mpi {
     fn describe(&self) -> Descriptor {
         Descriptor::new("mpi", env!("CARGO_PKG_VERSION"))
             .frameworks(["mpi"])
-            .reserves_env(RESERVED_ENV)
             .validates()
             .enforces_ml_policy()
             .builds()
@@ -86,12 +85,12 @@ impl Plugin for Mpi {
         }
         validation
             .errors
-            .extend(reserved_env_errors(job, &RESERVED_ENV, "MPI"));
+            .extend(reserved_env_error(job, &RESERVED_ENV));
         validation
     }
 
     /// Sizes the `node` job (`trainer.numNodes`, less the launcher when it
-    /// runs as a node), settles the slots per node (the TrainJob's
+    /// runs as a node, then at least 1), settles the slots per node (the TrainJob's
     /// `numProcPerNode`; else the runtime's, or the GPUs per node when that is
     /// 1), mounts the SSH keys on every `node` container of the `node` and
     /// `launcher` jobs, and the hostfile and OpenMPI env on the launcher's.
@@ -112,7 +111,12 @@ impl Plugin for Mpi {
         if let Some(n) = job.spec.trainer.as_ref().and_then(|t| t.num_nodes)
             && let Some(node) = info.pod_set_mut(constants::NODE)
         {
-            node.count = positive_count(if run_launcher_as_node { n - 1 } else { n });
+            // One node runs as the launcher, but the node job keeps a pod.
+            node.count = pod_count(if run_launcher_as_node {
+                n.saturating_sub(1).max(1)
+            } else {
+                n
+            });
         }
 
         if let Some(n) = job.spec.trainer.as_ref().and_then(|t| t.num_proc_per_node) {

@@ -4,7 +4,7 @@
 use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
-use crate::common::{ml_policy, set_trainer_count};
+use crate::common::{ml_policy, set_trainer_count, trainer_node, upsert_trainer_env};
 
 /// The plain ML plugin.
 #[derive(Default)]
@@ -17,8 +17,8 @@ impl Plugin for PlainMl {
             .enforces_ml_policy()
     }
 
-    /// The trainer's count from `trainer.numNodes`. The TrainJob's env is
-    /// already on the `node` container (the host put it in the runtime info).
+    /// The trainer's count from `trainer.numNodes`, and the TrainJob's env on
+    /// the trainer's `node` container.
     fn enforce_ml_policy(
         &self,
         _: &Ctx,
@@ -29,11 +29,10 @@ impl Plugin for PlainMl {
         if policy.torch.is_some() || policy.mpi.is_some() || policy.jax.is_some() {
             return Ok(());
         }
-        if info.trainer().is_err() {
-            // Nothing to size: a runtime of initializers only.
-            return Ok(());
+        set_trainer_count(info, job);
+        if let Some(node) = trainer_node(info, job) {
+            upsert_trainer_env(node, job);
         }
-        set_trainer_count(info, job)?;
         info::refresh_endpoints(info, job)
     }
 }

@@ -8,7 +8,9 @@
 use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
-use crate::common::{completion_index_env, master_address, reserved_env_errors, set_trainer_count};
+use crate::common::{
+    completion_index_env, master_address, reserved_env_error, set_trainer_count, upsert_trainer_env,
+};
 
 /// The Python plugin.
 #[derive(Default)]
@@ -24,7 +26,6 @@ impl Plugin for Python {
     fn describe(&self) -> Descriptor {
         Descriptor::new("python", env!("CARGO_PKG_VERSION"))
             .frameworks([FRAMEWORK])
-            .reserves_env(RESERVED_ENV)
             .validates()
             .enforces_ml_policy()
     }
@@ -38,7 +39,7 @@ impl Plugin for Python {
         }
         validation
             .errors
-            .extend(reserved_env_errors(job, &RESERVED_ENV, "Python"));
+            .extend(reserved_env_error(job, &RESERVED_ENV));
         if let Some(n) = job.spec.trainer.as_ref().and_then(|t| t.num_proc_per_node)
             && n != 1
         {
@@ -50,7 +51,7 @@ impl Plugin for Python {
     }
 
     /// The trainer's count from `trainer.numNodes`, then on its `node`
-    /// container: `WORLD_SIZE` = the node count, `RANK` from the completion
+    /// container: the TrainJob's env, `WORLD_SIZE` = the node count, `RANK` from the completion
     /// index, `MASTER_ADDR` = the first trainer pod's DNS name,
     /// `MASTER_PORT` = 29500, and that container port.
     fn enforce_ml_policy(
@@ -63,7 +64,7 @@ impl Plugin for Python {
             // Not a python runtime, or nothing to size (initializers only).
             return Ok(());
         }
-        set_trainer_count(info, job)?;
+        set_trainer_count(info, job);
         info::refresh_endpoints(info, job)?;
         let trainer = info.trainer_mut()?;
         let world_size = trainer.count.to_string();
@@ -75,6 +76,7 @@ impl Plugin for Python {
             .cloned()
             .unwrap_or_else(|| master_address(job));
         let node = trainer.node_container_mut()?;
+        upsert_trainer_env(node, job);
         let [world, rank, addr, port] = RESERVED_ENV;
         node.upsert_env(world, world_size);
         completion_index_env(node, rank);
@@ -202,7 +204,9 @@ mod tests {
         let job = job(json!({"numNodes": 2, "env": [{"name": "RANK", "value": "7"}]}));
         let runtime = runtime("plainml", json!(null));
         let info = enforced(&runtime, &job);
-        assert_eq!(env_of(&info), [("RANK".into(), Some("7".into()))]);
+        // The TrainJob's env reaches the container through the JobSet
+        // builder; this plugin adds nothing.
+        assert_eq!(env_of(&info), []);
         assert!(
             Harness::<Python>::new()
                 .validate(&job, &runtime)
@@ -219,8 +223,11 @@ mod tests {
         }));
         let validation = Harness::<Python>::new().validate(&job, &runtime(FRAMEWORK, json!(null)));
         assert_eq!(validation.errors.len(), 1);
-        assert_eq!(validation.errors[0].field, "spec.trainer.env[1].name");
-        assert_eq!(validation.errors[0].value.as_deref(), Some("MASTER_PORT"));
+        assert_eq!(validation.errors[0].field, "spec.trainer.env");
+        assert_eq!(
+            validation.errors[0].detail,
+            "must not have reserved envs, invalid envs configured: [MASTER_PORT]"
+        );
         assert_eq!(validation.warnings.len(), 1);
         assert!(validation.warnings[0].contains("numProcPerNode"));
     }

@@ -5,8 +5,8 @@ use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
 use crate::common::{
-    completion_index_env, gpus, master_address, ml_policy, reserved_env_errors, resources_per_node,
-    set_trainer_count,
+    completion_index_env, gpus, master_address, ml_policy, resources_per_node, set_trainer_count,
+    trainer_count, trainer_node,
 };
 
 /// The XGBoost plugin.
@@ -20,26 +20,36 @@ impl Plugin for Xgboost {
     fn describe(&self) -> Descriptor {
         Descriptor::new("xgboost", env!("CARGO_PKG_VERSION"))
             .frameworks(["xgboost"])
-            .reserves_env(RESERVED_ENV)
             .validates()
             .enforces_ml_policy()
     }
 
+    /// As upstream: each `spec.trainer.env` entry naming a reserved variable
+    /// is forbidden.
     fn validate(&self, _: &Ctx, job: &TrainJob, runtime: &Runtime) -> Validation {
         let mut validation = Validation::default();
         if runtime
             .spec()
             .ml_policy
             .as_ref()
-            .is_some_and(|p| p.xgboost.is_some())
+            .is_none_or(|p| p.xgboost.is_none())
         {
-            validation
-                .errors
-                .extend(reserved_env_errors(job, &RESERVED_ENV, "XGBoost"));
+            return validation;
+        }
+        let env = job.spec.trainer.iter().flat_map(|t| t.env.iter().flatten());
+        for (i, var) in env.enumerate() {
+            if RESERVED_ENV.contains(&var.name.as_str()) {
+                validation.error(FieldError::forbidden(
+                    format!("spec.trainer.env[{i}]"),
+                    format!("{} is reserved for the XGBoost runtime", var.name),
+                ));
+            }
         }
         validation
     }
 
+    /// The trainer's count from `trainer.numNodes`; then, when the TrainJob
+    /// sets `spec.trainer`, on the trainer's `node` container:
     /// `DMLC_TRACKER_URI` = the first node, `DMLC_TRACKER_PORT` = 29500,
     /// `DMLC_TASK_ID` from the completion index, `DMLC_NUM_WORKER` = nodes ×
     /// GPUs per node (one worker per node without GPUs), and port 29500.
@@ -49,25 +59,25 @@ impl Plugin for Xgboost {
         info: &mut RuntimeInfo,
         job: &TrainJob,
     ) -> Result<(), Failure> {
-        if ml_policy(info)?.xgboost.is_none() {
+        if ml_policy(info)?.xgboost.is_none() || info.trainer().is_err() {
             return Ok(());
         }
-        set_trainer_count(info, job)?;
+        set_trainer_count(info, job);
         let (requests, limits) = resources_per_node(info, job);
         let workers_per_node = gpus(&requests, &limits)?.max(1);
-        let num_nodes = i128::from(info.trainer()?.count);
-        let workers = num_nodes
+        let workers = i128::from(trainer_count(info))
             .checked_mul(workers_per_node)
             .ok_or_else(|| Failure::new("DMLC_NUM_WORKER overflows"))?;
-        let node = info.trainer_mut()?.node_container_mut()?;
-        node.upsert_env(constants::XGBOOST_ENV_TRACKER_URI, master_address(job));
-        node.upsert_env(
-            constants::XGBOOST_ENV_TRACKER_PORT,
-            constants::CONTAINER_TRAINER_PORT.to_string(),
-        );
-        completion_index_env(node, constants::XGBOOST_ENV_TASK_ID);
-        node.upsert_env(constants::XGBOOST_ENV_NUM_WORKER, workers.to_string());
-        node.upsert_port(constants::CONTAINER_TRAINER_PORT);
+        if let Some(node) = trainer_node(info, job) {
+            node.upsert_env(constants::XGBOOST_ENV_TRACKER_URI, master_address(job));
+            node.upsert_env(
+                constants::XGBOOST_ENV_TRACKER_PORT,
+                constants::CONTAINER_TRAINER_PORT.to_string(),
+            );
+            completion_index_env(node, constants::XGBOOST_ENV_TASK_ID);
+            node.upsert_env(constants::XGBOOST_ENV_NUM_WORKER, workers.to_string());
+            node.upsert_port(constants::CONTAINER_TRAINER_PORT);
+        }
         info::refresh_endpoints(info, job)
     }
 }

@@ -415,16 +415,32 @@ fn vector_b_torch_with_nodes_and_processes() {
     );
 }
 
+/// Upstream pkg/runtime/framework/plugins/torch/torch.go (EnforceMLPolicy):
+/// the node count falls back to the runtime's; the trainer container gets
+/// the `PET_*` env only when the TrainJob sets `spec.trainer`.
 #[test]
 fn vector_b_torch_defaults_from_the_runtime() {
     let runtime = torch_runtime();
-    let job = test_job("test-job", json!({}));
+    let job = test_job("test-job", json!({"trainer": {"image": "test:trainjob"}}));
     let objects = build(&job, &runtime);
     let node_job = rjob(object(&objects, "JobSet"), "node");
     assert_eq!(counts(node_job), (100, 100));
     let node = container(node_job, "node");
     assert_eq!(env_value(node, "PET_NNODES"), "100");
     assert_eq!(env_value(node, "PET_NPROC_PER_NODE"), "1");
+}
+
+/// Upstream pkg/runtime/framework/plugins/torch/torch.go: without
+/// `spec.trainer` the trainer container is left as the runtime has it (no
+/// env, no port); the count is the runtime's.
+#[test]
+fn torch_without_a_trainer_leaves_the_node_container_alone() {
+    let objects = build(&test_job("test-job", json!({})), &torch_runtime());
+    let node_job = rjob(object(&objects, "JobSet"), "node");
+    assert_eq!(counts(node_job), (100, 100));
+    let node = container(node_job, "node");
+    assert!(node.get("env").is_none(), "{node}");
+    assert!(node.get("ports").is_none(), "{node}");
 }
 
 #[test]
@@ -436,7 +452,7 @@ fn torch_auto_processes_follow_the_node_cpus_unless_it_has_gpus() {
             "mlPolicy": {"numNodes": 1, "torch": {}},
             "template": {"spec": {"replicatedJobs": [node]}},
         }));
-        let objects = build(&test_job("test-job", json!({})), &runtime);
+        let objects = build(&test_job("test-job", json!({"trainer": {}})), &runtime);
         env_value(
             container(rjob(object(&objects, "JobSet"), "node"), "node"),
             "PET_NPROC_PER_NODE",
@@ -685,12 +701,18 @@ fn jax_sets_the_coordinator() {
     );
 }
 
-/// trainhub's own `python-distributed` runtime.
-fn python_distributed() -> Runtime {
+/// A runtime trainhub ships, from `manifests/runtimes/`.
+fn shipped_runtime(file: &str) -> Runtime {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../manifests/runtimes/python-distributed.yaml");
+        .join("../../manifests/runtimes")
+        .join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     runtime(serde_saphyr::from_str(&text).unwrap())
+}
+
+/// trainhub's own `python-distributed` runtime.
+fn python_distributed() -> Runtime {
+    shipped_runtime("python-distributed.yaml")
 }
 
 #[test]
@@ -824,13 +846,20 @@ fn volcano_groups_every_pod_under_one_annotation() {
         node_job["template"]["spec"]["template"]["metadata"]["annotations"]["scheduling.k8s.io/group-name"],
         "volcano-example"
     );
-    let group = object(&objects, "PodGroup");
-    assert_eq!(group["apiVersion"], "scheduling.volcano.sh/v1beta1");
-    assert_eq!(group["spec"]["minMember"], 4);
     assert_eq!(
-        group["spec"]["minResources"],
-        json!({"cpu": "4", "memory": "8Gi"})
+        object(&objects, "PodGroup")["apiVersion"],
+        "scheduling.volcano.sh/v1beta1"
     );
+    assert_eq!(
+        group_totals(&objects),
+        (json!(4), json!({"cpu": "4", "memory": "8Gi"}))
+    );
+}
+
+/// The PodGroup's `minMember` and `minResources`.
+fn group_totals(objects: &[Value]) -> (Value, Value) {
+    let spec = &object(objects, "PodGroup")["spec"];
+    (spec["minMember"].clone(), spec["minResources"].clone())
 }
 
 #[test]
@@ -941,51 +970,64 @@ fn initializers_get_the_storage_uri_env_and_secret() {
 // ---------------------------------------------------------------------------
 // Validation.
 
+/// Upstream torch.go and mpi.go (Validate): one error on `spec.trainer.env`
+/// naming the reserved names set; xgboost.go: each entry forbidden; jax.go
+/// reserves nothing.
 #[test]
-fn reserved_env_names_are_rejected_per_entry() {
-    let check = |runtime: Runtime, reserved: &str| {
-        let job = test_job(
+fn reserved_env_names_are_rejected_as_upstream_reports_them() {
+    let job_setting = |name: &str| {
+        test_job(
             "test-job",
-            json!({"trainer": {"env": [{"name": "OK", "value": "1"}, {"name": reserved, "value": "x"}]}}),
-        );
-        let validation = validate(&job, &runtime);
+            json!({"trainer": {"env": [{"name": "OK", "value": "1"}, {"name": name, "value": "x"}]}}),
+        )
+    };
+    let whole_list = |runtime: Runtime, reserved: &str| {
+        let validation = validate(&job_setting(reserved), &runtime);
         assert_eq!(
             error_fields(&validation),
-            ["spec.trainer.env[1].name"],
+            ["spec.trainer.env"],
             "{reserved}"
         );
-        assert_eq!(validation.errors[0].value.as_deref(), Some(reserved));
+        assert_eq!(
+            validation.errors[0].detail,
+            format!("must not have reserved envs, invalid envs configured: [{reserved}]")
+        );
     };
-    check(torch_runtime(), "PET_NNODES");
-    check(
-        runtime(upstream_kind(
-            "xgboost_distributed.yaml",
-            "ClusterTrainingRuntime",
-        )),
-        "DMLC_NUM_WORKER",
-    );
-    check(
+    whole_list(torch_runtime(), "PET_NNODES");
+    whole_list(
         runtime(upstream_kind(
             "deepspeed_distributed.yaml",
             "ClusterTrainingRuntime",
         )),
         "OMPI_MCA_orte_set_default_slots",
     );
-    check(
-        runtime(upstream_kind(
-            "jax_distributed.yaml",
-            "ClusterTrainingRuntime",
-        )),
-        "JAX_PROCESS_ID",
+    whole_list(python_distributed(), "RANK");
+
+    let xgboost = runtime(upstream_kind(
+        "xgboost_distributed.yaml",
+        "ClusterTrainingRuntime",
+    ));
+    let validation = validate(&job_setting("DMLC_NUM_WORKER"), &xgboost);
+    assert_eq!(error_fields(&validation), ["spec.trainer.env[1]"]);
+    assert_eq!(
+        validation.errors[0].kind,
+        trainhub_plugin_sdk::ErrorKind::Forbidden
     );
-    check(python_distributed(), "RANK");
+    assert_eq!(
+        validation.errors[0].detail,
+        "DMLC_NUM_WORKER is reserved for the XGBoost runtime"
+    );
+
+    let jax = runtime(upstream_kind(
+        "jax_distributed.yaml",
+        "ClusterTrainingRuntime",
+    ));
+    let validation = validate(&job_setting("JAX_PROCESS_ID"), &jax);
+    assert!(validation.is_ok(), "{:?}", validation.errors);
+
     // Without the policy the name is free.
     let plain = training_runtime(json!({"template": {"spec": {"replicatedJobs": three_jobs()}}}));
-    let job = test_job(
-        "test-job",
-        json!({"trainer": {"env": [{"name": "PET_NNODES", "value": "1"}]}}),
-    );
-    assert!(validate(&job, &plain).is_ok());
+    assert!(validate(&job_setting("PET_NNODES"), &plain).is_ok());
 }
 
 #[test]
@@ -1296,16 +1338,21 @@ fn descriptors_declare_what_each_plugin_handles() {
     assert!(jobset.frameworks.is_empty());
     let torch = Harness::<Torch>::new().describe();
     assert_eq!(torch.frameworks, ["torch"]);
-    assert!(torch.reserved_env.contains(&"PET_NNODES".to_string()));
     assert_eq!(Harness::<Mpi>::new().describe().frameworks, ["mpi"]);
     assert_eq!(Harness::<PlainMl>::new().describe().frameworks, ["plainml"]);
     assert_eq!(Harness::<Jax>::new().describe().frameworks, ["jax"]);
-    let python = Harness::<Python>::new().describe();
-    assert_eq!(python.frameworks, ["python"]);
-    assert_eq!(
-        python.reserved_env,
-        ["WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"]
-    );
+    assert_eq!(Harness::<Python>::new().describe().frameworks, ["python"]);
+    // The built-ins report reserved env themselves, in upstream's shape, so
+    // they declare none for the host to report a second time.
+    for reserved in [
+        torch.reserved_env,
+        Harness::<Mpi>::new().describe().reserved_env,
+        Harness::<Jax>::new().describe().reserved_env,
+        Harness::<Xgboost>::new().describe().reserved_env,
+        Harness::<Python>::new().describe().reserved_env,
+    ] {
+        assert!(reserved.is_empty(), "{reserved:?}");
+    }
     assert_eq!(Harness::<Xgboost>::new().describe().frameworks, ["xgboost"]);
     assert_eq!(
         Harness::<Coscheduling>::new().describe().pod_group_policies,
@@ -1339,4 +1386,473 @@ fn endpoints_use_the_template_subdomain() {
         object(&objects, "JobSet")["spec"]["network"],
         json!({"subdomain": "mesh"})
     );
+}
+
+// ---------------------------------------------------------------------------
+// Upstream's behaviour where trainhub used to differ (issue 21). Each vector
+// names the upstream file it follows, at kubeflow/trainer 8c0f5059 (v2.3.0).
+
+fn env_names(container: &Value) -> Vec<&str> {
+    container["env"]
+        .as_array()
+        .map(|env| env.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// A runtime of one trainer job `node` whose `node` container is `node`
+/// (merged over the standard one) under `ml_policy`.
+fn one_node_runtime(ml_policy: Value, node: Value) -> Runtime {
+    let mut job = standard_job("node", Some("trainer"), "node");
+    let container = &mut job["template"]["spec"]["template"]["spec"]["containers"][0];
+    if let (Some(target), Some(extra)) = (container.as_object_mut(), node.as_object()) {
+        target.extend(extra.clone());
+    }
+    training_runtime(json!({
+        "mlPolicy": ml_policy,
+        "template": {"spec": {"replicatedJobs": [job]}},
+    }))
+}
+
+fn node_of(objects: &[Value]) -> &Value {
+    container(rjob(object(objects, "JobSet"), "node"), "node")
+}
+
+/// Upstream jax.go and xgboost.go (EnforceMLPolicy): the trainer container
+/// is touched only when the TrainJob sets `spec.trainer`.
+#[test]
+fn jax_and_xgboost_without_a_trainer_inject_nothing() {
+    for file in ["jax_distributed.yaml", "xgboost_distributed.yaml"] {
+        let runtime = runtime(upstream_kind(file, "ClusterTrainingRuntime"));
+        let objects = build(&test_job("test-job", json!({})), &runtime);
+        let node = node_of(&objects);
+        assert_eq!(env_names(node), Vec::<&str>::new(), "{file}");
+        assert!(node.get("ports").is_none(), "{file}: {node}");
+    }
+}
+
+/// Upstream mpi.go (EnforceMLPolicy): the launcher's OpenMPI env and the SSH
+/// and hostfile volumes do not depend on `spec.trainer`.
+#[test]
+fn mpi_without_a_trainer_still_configures_the_launcher() {
+    let runtime = runtime(upstream_kind(
+        "deepspeed_distributed.yaml",
+        "ClusterTrainingRuntime",
+    ));
+    let objects = build(&test_job("test-job", json!({})), &runtime);
+    let launcher = container(rjob(object(&objects, "JobSet"), "launcher"), "node");
+    assert_eq!(env_value(launcher, "OMPI_MCA_orte_set_default_slots"), "1");
+    assert_eq!(
+        object(&objects, "ConfigMap")["data"]["hostfile"],
+        "test-job-node-0-0.test-job slots=1\ntest-job-launcher-0-0.test-job slots=1\n"
+    );
+}
+
+/// Upstream torch.go: `envInjection` targets get the `PET_*` env, master
+/// included, whether or not the TrainJob sets `spec.trainer`.
+#[test]
+fn torch_env_injection_targets_do_not_need_a_trainer() {
+    let mut node = standard_job("node", Some("trainer"), "node");
+    node["template"]["spec"]["template"]["spec"]["initContainers"] =
+        json!([{"name": "preflight", "image": "test:preflight"}]);
+    let runtime = training_runtime(json!({
+        "mlPolicy": {"numNodes": 2, "torch": {"envInjection": {"targets": [
+            {"jobName": "node", "containerNames": ["preflight"]},
+        ]}}},
+        "template": {"spec": {"replicatedJobs": [node]}},
+    }));
+    let job = test_job("test-job", json!({}));
+    assert!(validate(&job, &runtime).is_ok());
+    let objects = build(&job, &runtime);
+    let pod = &rjob(object(&objects, "JobSet"), "node")["template"]["spec"]["template"]["spec"];
+    let preflight = &pod["initContainers"][0];
+    assert_eq!(
+        env_names(preflight),
+        [
+            "PET_NNODES",
+            "PET_NPROC_PER_NODE",
+            "PET_NODE_RANK",
+            "PET_MASTER_ADDR",
+            "PET_MASTER_PORT"
+        ]
+    );
+    assert!(pod["containers"][0].get("env").is_none());
+}
+
+/// Upstream pkg/apply/apply.go (UpsertPort, byContainerPortOrName): the
+/// framework's port replaces, in place, a port of the same number or the
+/// same name, and two unnamed ports share a name.
+#[test]
+fn the_framework_port_replaces_an_unnamed_runtime_port() {
+    let ports_after = |ports: Value| {
+        let runtime = one_node_runtime(json!({"numNodes": 1, "jax": {}}), json!({"ports": ports}));
+        let objects = build(&test_job("test-job", json!({"trainer": {}})), &runtime);
+        node_of(&objects)["ports"].clone()
+    };
+    assert_eq!(
+        ports_after(json!([{"containerPort": 8080}])),
+        json!([{"containerPort": 29500}])
+    );
+    assert_eq!(
+        ports_after(json!([
+            {"containerPort": 8080, "protocol": "UDP"},
+            {"name": "metrics", "containerPort": 9090},
+        ])),
+        json!([{"containerPort": 29500}, {"name": "metrics", "containerPort": 9090}]),
+        "replaced in place, the named port kept"
+    );
+    assert_eq!(
+        ports_after(json!([{"name": "metrics", "containerPort": 9090}])),
+        json!([{"name": "metrics", "containerPort": 9090}, {"containerPort": 29500}]),
+        "a named port of another number stays, the framework's is appended"
+    );
+    assert_eq!(
+        ports_after(json!([{"name": "rdzv", "containerPort": 29500, "hostPort": 29500}])),
+        json!([{"containerPort": 29500}]),
+        "the same number is replaced whole"
+    );
+}
+
+/// The `node` container built from a one-job runtime under `ml_policy`
+/// whose `node` container sets `A=runtime`, for a TrainJob (valid) setting
+/// `trainer.env`.
+fn node_with_env(ml_policy: Value, trainer_env: Value) -> Value {
+    let runtime = one_node_runtime(
+        ml_policy,
+        json!({"env": [{"name": "A", "value": "runtime"}]}),
+    );
+    let job = test_job("test-job", json!({"trainer": {"env": trainer_env}}));
+    let validation = validate(&job, &runtime);
+    assert!(validation.is_ok(), "{:?}", validation.errors);
+    node_of(&build(&job, &runtime)).clone()
+}
+
+/// Upstream jax.go (Validate reserves nothing) and jobset/builder.go
+/// (Trainer): the TrainJob's env is upserted last, so its entries replace
+/// the injected ones in place and its new names come after them.
+#[test]
+fn jax_env_from_the_trainjob_replaces_the_injected_in_place() {
+    let node = node_with_env(
+        json!({"numNodes": 1, "jax": {}}),
+        json!([
+            {"name": "B", "value": "$(JAX_PROCESS_ID)"},
+            {"name": "JAX_PROCESS_ID", "value": "7"},
+            {"name": "A", "value": "trainjob"},
+        ]),
+    );
+    assert_eq!(
+        env_names(&node),
+        [
+            "A",
+            "JAX_NUM_PROCESSES",
+            "JAX_PROCESS_ID",
+            "JAX_COORDINATOR_ADDRESS",
+            "B"
+        ]
+    );
+    assert_eq!(env_value(&node, "A"), "trainjob");
+    assert_eq!(env_value(&node, "JAX_PROCESS_ID"), "7");
+    assert!(env(&node, "JAX_PROCESS_ID").get("valueFrom").is_none());
+}
+
+/// Upstream torch.go: the TrainJob's env is merged before the `PET_*` env,
+/// so its new names come first (the reserved names cannot be set).
+#[test]
+fn torch_env_from_the_trainjob_comes_before_pet() {
+    let node = node_with_env(
+        json!({"numNodes": 1, "torch": {}}),
+        json!([{"name": "B", "value": "1"}, {"name": "A", "value": "trainjob"}]),
+    );
+    assert_eq!(
+        env_names(&node),
+        [
+            "A",
+            "B",
+            "PET_NNODES",
+            "PET_NPROC_PER_NODE",
+            "PET_NODE_RANK",
+            "PET_MASTER_ADDR",
+            "PET_MASTER_PORT"
+        ]
+    );
+    assert_eq!(env_value(&node, "A"), "trainjob");
+}
+
+/// Upstream mpi.go and jobset/builder.go (Trainer): the launcher gets the
+/// OpenMPI env, then the TrainJob's; with runLauncherAsNode the `node` job's
+/// `node` container gets the TrainJob's env too.
+#[test]
+fn mpi_launcher_env_is_openmpi_then_the_trainjobs() {
+    let mut runtime_doc = upstream_kind("deepspeed_distributed.yaml", "ClusterTrainingRuntime");
+    let jobs = runtime_doc["spec"]["template"]["spec"]["replicatedJobs"]
+        .as_array_mut()
+        .unwrap();
+    for rjob in jobs.iter_mut() {
+        rjob["template"]["spec"]["template"]["spec"]["containers"][0]["env"] =
+            json!([{"name": "A", "value": "runtime"}]);
+    }
+    let runtime = runtime(runtime_doc);
+    let job = test_job(
+        "test-job",
+        json!({"trainer": {"numNodes": 2, "env": [{"name": "B", "value": "1"}]}}),
+    );
+    assert!(validate(&job, &runtime).is_ok());
+    let objects = build(&job, &runtime);
+    let jobset = object(&objects, "JobSet");
+    assert_eq!(
+        env_names(container(rjob(jobset, "launcher"), "node")),
+        [
+            "A",
+            "OMPI_MCA_orte_default_hostfile",
+            "OMPI_MCA_orte_keep_fqdn_hostnames",
+            "OMPI_MCA_orte_set_default_slots",
+            "OMPI_MCA_plm_rsh_args",
+            "B"
+        ]
+    );
+    assert_eq!(
+        env_names(container(rjob(jobset, "node"), "node")),
+        ["A", "B"]
+    );
+}
+
+/// Upstream pkg/runtime/runtime.go (WithPodSet: SinglePodRequests =
+/// resourcehelpers.PodRequests, k8s.io/component-helpers v0.36.3
+/// resource/helpers.go) summed by coscheduling/coscheduling.go (Build):
+/// containers and sidecars, or an init container with the sidecars declared
+/// before it when more, plus the pod's overhead, times the pod count.
+#[test]
+fn coscheduling_min_resources_count_sidecars_init_containers_and_overhead() {
+    let mut node = standard_job("node", Some("trainer"), "node");
+    let pod = &mut node["template"]["spec"]["template"]["spec"];
+    pod["containers"][0]["resources"] = json!({"requests": {"cpu": "1", "memory": "1Gi"}});
+    let init = |name: &str, sidecar: bool, requests: Value| {
+        let mut c =
+            json!({"name": name, "image": "test:init", "resources": {"requests": requests}});
+        if sidecar {
+            c["restartPolicy"] = json!("Always");
+        }
+        c
+    };
+    pod["initContainers"] = json!([
+        init("sidecar-a", true, json!({"cpu": "1"})),
+        init("init-x", false, json!({"cpu": "3", "memory": "4Gi"})),
+        init("sidecar-b", true, json!({"cpu": "2", "memory": "1Gi"})),
+        init("init-y", false, json!({"cpu": "2"})),
+    ]);
+    pod["overhead"] = json!({"cpu": "500m", "memory": "128Mi"});
+    let runtime = training_runtime(json!({
+        "mlPolicy": {"numNodes": 2},
+        "podGroupPolicy": {"coscheduling": {}},
+        "template": {"spec": {"replicatedJobs": [node]}},
+    }));
+    let objects = build(&test_job("test-job", json!({})), &runtime);
+    // cpu per pod: containers 1 + sidecars 1 + 2 = 4; init-y with the
+    // sidecars before it 2 + 3 = 5 wins; + 0.5 overhead = 5.5, times 2.
+    // memory: 1Gi + 1Gi = 2Gi; init-x alone 4Gi wins; + 128Mi, times 2.
+    assert_eq!(
+        group_totals(&objects),
+        (json!(2), json!({"cpu": "11", "memory": "8448Mi"}))
+    );
+}
+
+/// Upstream runtime.go (PodRequests): pod-level requests replace the
+/// containers' sum for cpu and memory; the TrainJob's resourcesPerNode is
+/// counted for the trainer (core/trainingruntime.go merges it first).
+#[test]
+fn coscheduling_min_resources_take_pod_level_requests_and_resources_per_node() {
+    let mut node = standard_job("node", Some("trainer"), "node");
+    node["template"]["spec"]["template"]["spec"]["resources"] = json!({"requests": {"cpu": "4"}});
+    let runtime = training_runtime(json!({
+        "mlPolicy": {"numNodes": 1},
+        "podGroupPolicy": {"coscheduling": {}},
+        "template": {"spec": {"replicatedJobs": [node]}},
+    }));
+    let job = test_job(
+        "test-job",
+        json!({"trainer": {"numNodes": 3, "resourcesPerNode": {"requests": {"cpu": "2", "example.com/gpu": "1"}}}}),
+    );
+    let objects = build(&job, &runtime);
+    assert_eq!(
+        group_totals(&objects),
+        (json!(3), json!({"cpu": "12", "example.com/gpu": "3"}))
+    );
+}
+
+/// Upstream torch.go, jax.go, plainml.go: `trainer.numNodes: 0` is kept (the
+/// API allows 0); upstream's MPI keeps at least one `node` pod when the
+/// launcher runs as a node.
+#[test]
+fn zero_nodes_are_kept_as_upstream_keeps_them() {
+    let job = test_job("zero", json!({"trainer": {"numNodes": 0}}));
+    let objects = build(&job, &torch_runtime());
+    let node_job = rjob(object(&objects, "JobSet"), "node");
+    assert_eq!(counts(node_job), (0, 0));
+    assert_eq!(env_value(container(node_job, "node"), "PET_NNODES"), "0");
+
+    let mpi = runtime(upstream_kind(
+        "deepspeed_distributed.yaml",
+        "ClusterTrainingRuntime",
+    ));
+    let objects = build(&job, &mpi);
+    assert_eq!(counts(rjob(object(&objects, "JobSet"), "node")), (1, 1));
+}
+
+/// Upstream runtime.go (FindPodSetByAncestor) and torch.go: the trainer is
+/// the job labelled `trainjob-ancestor-step: trainer`; a job merely named
+/// `node` is not, and gets no env.
+#[test]
+fn the_trainer_is_found_by_its_ancestor_label_only() {
+    let runtime = training_runtime(json!({
+        "mlPolicy": {"numNodes": 2, "torch": {}},
+        "template": {"spec": {"replicatedJobs": [standard_job("node", None, "node")]}},
+    }));
+    let job = test_job("test-job", json!({"trainer": {"numNodes": 4}}));
+    let validation = validate(&job, &runtime);
+    assert_eq!(error_fields(&validation), ["spec.runtimeRef"]);
+    assert!(
+        validation.errors[0]
+            .detail
+            .contains("trainer.kubeflow.org/trainjob-ancestor-step=trainer"),
+        "{:?}",
+        validation.errors
+    );
+    let objects = build(&job, &runtime);
+    let node_job = rjob(object(&objects, "JobSet"), "node");
+    assert_eq!(counts(node_job), (1, 1), "the template's parallelism");
+    assert!(container(node_job, "node").get("env").is_none());
+}
+
+// TorchTune: upstream torch/torch.go (EnforceMLPolicy) and
+// torch/torchtune.go, on trainhub's shipped torchtune-llama3.2-1b runtime.
+
+fn torchtune_runtime() -> Runtime {
+    shipped_runtime("llama3-2-1B.yaml")
+}
+
+fn torchtune_job(trainer: Value) -> TrainJob {
+    let mut spec = json!({
+        "runtimeRef": {"name": "torchtune-llama3.2-1b", "kind": "ClusterTrainingRuntime"},
+        "trainer": {"command": ["tune", "run"]},
+    });
+    if let (Some(target), Some(extra)) = (spec["trainer"].as_object_mut(), trainer.as_object()) {
+        target.extend(extra.clone());
+    }
+    test_job("tune", spec)
+}
+
+/// The command upstream builds for the shipped runtime's `tune run` with
+/// more than one process: rendezvous on the first node, the distributed
+/// full fine-tuning recipe with `config`, and the runtime's paths.
+fn distributed_tune_command(config: &str) -> Value {
+    json!([
+        "tune",
+        "run",
+        "--rdzv_endpoint=tune-node-0-0.tune:29500",
+        "full_finetune_distributed",
+        "--config",
+        config,
+        "output_dir=/workspace/output",
+        "tokenizer.path=/workspace/model/original/tokenizer.model",
+        "checkpointer.checkpoint_dir=/workspace/model",
+    ])
+}
+
+#[test]
+fn torchtune_single_node_runs_the_distributed_recipe_on_two_gpus() {
+    let runtime = torchtune_runtime();
+    let job = torchtune_job(json!({"args": ["epochs=2", "batch_size=8"]}));
+    let validation = validate(&job, &runtime);
+    assert!(validation.is_ok(), "{:?}", validation.errors);
+    let objects = build(&job, &runtime);
+    let node = node_of(&objects);
+    assert_eq!(
+        node["command"],
+        distributed_tune_command("llama3_2/1B_full")
+    );
+    assert_eq!(node["args"], json!(["epochs=2", "batch_size=8"]));
+    assert_eq!(
+        env_names(node),
+        ["PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK"],
+        "no PET_MASTER_* with TorchTune"
+    );
+    assert_eq!(env_value(node, "PET_NPROC_PER_NODE"), "auto");
+    assert_eq!(node["ports"], json!([{"containerPort": 29500}]));
+}
+
+#[test]
+fn torchtune_on_one_gpu_runs_the_single_device_recipe() {
+    let job = torchtune_job(json!({
+        "resourcesPerNode": {"limits": {"nvidia.com/gpu": "1"}},
+        "args": ["model.lora_attn_modules=[q_proj,v_proj]"],
+    }));
+    let objects = build(&job, &torchtune_runtime());
+    let command = node_of(&objects)["command"].clone();
+    assert_eq!(
+        command.as_array().unwrap()[2..5],
+        [
+            json!("lora_finetune_single_device"),
+            json!("--config"),
+            json!("llama3_2/1B_lora_single_device")
+        ],
+        "no rendezvous on one device: {command}"
+    );
+}
+
+#[test]
+fn torchtune_multi_node_is_refused_for_llama3_2_1b_but_built_as_upstream() {
+    let runtime = torchtune_runtime();
+    let job = torchtune_job(json!({"numNodes": 2, "args": ["output_dir=/elsewhere"]}));
+    let validation = validate(&job, &runtime);
+    assert_eq!(
+        error_fields(&validation),
+        ["spec.trainer.numNodes", "spec.trainer.args[0]"]
+    );
+    assert_eq!(
+        validation.errors[0].detail,
+        "must be 1 for llama3_2/1B model"
+    );
+    assert_eq!(
+        validation.errors[1].detail,
+        "must not set immutable config \"output_dir\" in trainer args; it is managed by the runtime"
+    );
+    // The build itself does what upstream's EnforceMLPolicy does.
+    let objects = build(&job, &runtime);
+    let node_job = rjob(object(&objects, "JobSet"), "node");
+    assert_eq!(counts(node_job), (2, 2));
+    assert_eq!(
+        container(node_job, "node")["command"],
+        distributed_tune_command("llama3_2/1B_full_multinode")
+    );
+}
+
+#[test]
+fn torchtune_qlora_checks_follow_the_model() {
+    let runtime = torchtune_runtime();
+    let job = torchtune_job(json!({"args": ["model.quantize_base=True"]}));
+    let validation = validate(&job, &runtime);
+    assert_eq!(
+        error_fields(&validation),
+        [
+            "spec.trainer.numProcPerNode",
+            "spec.trainer.resourcesPerNode"
+        ],
+        "two GPUs: distributed QLoRA, which the 1B model does not offer"
+    );
+    let mut unsupported = torchtune_job(json!({}));
+    unsupported.spec.runtime_ref.name = "torchtune-mistral-7b".into();
+    let validation = validate(&unsupported, &runtime);
+    assert_eq!(error_fields(&validation), ["spec.runtimeRef.name"]);
+    assert_eq!(
+        validation.errors[0].detail,
+        "must have a supported pretrained model, invalid model configured: mistral/7B"
+    );
+}
+
+#[test]
+fn a_runtime_command_that_is_not_tune_run_keeps_torchrun_env() {
+    let job = torchtune_job(json!({"command": ["tune", "run", "--help"]}));
+    let objects = build(&job, &torchtune_runtime());
+    let node = node_of(&objects);
+    assert_eq!(node["command"], json!(["tune", "run", "--help"]));
+    assert_eq!(env_value(node, "PET_MASTER_PORT"), "29500");
 }

@@ -112,9 +112,10 @@ pub fn volume(v: &Volume) -> Result<core::Volume, Failure> {
 
 /// Writes a record onto a Kubernetes container of the same name: image,
 /// command and args when the record sets them; env, envFrom and resource
-/// requests and limits as the record has them; ports (by number) and volume
-/// mounts (by mount path) updated in place, so fields the record does not
-/// carry (host ports, mount propagation) survive.
+/// requests and limits as the record has them; ports in the record's order
+/// (one the record leaves unchanged keeps its host port), and volume mounts
+/// (by mount path) updated in place, so fields the record does not carry
+/// (mount propagation) survive.
 pub fn apply_container(record: &Container, c: &mut core::Container) -> Result<(), Failure> {
     c.name.clone_from(&record.name);
     if record.image.is_some() {
@@ -146,30 +147,29 @@ pub fn apply_container(record: &Container, c: &mut core::Container) -> Result<()
         .collect::<Result<Vec<_>, _>>()?;
     c.env_from = non_empty(env_from);
 
-    let mut ports = c.ports.take().unwrap_or_default();
-    ports.retain(|p| {
-        record
-            .ports
-            .iter()
-            .any(|r| r.container_port == p.container_port)
-    });
-    for port in &record.ports {
-        match ports
-            .iter_mut()
-            .find(|p| p.container_port == port.container_port)
-        {
-            Some(existing) => {
-                existing.name.clone_from(&port.name);
-                existing.protocol.clone_from(&port.protocol);
-            }
-            None => ports.push(core::ContainerPort {
-                container_port: port.container_port,
-                name: port.name.clone(),
-                protocol: port.protocol.clone(),
-                ..Default::default()
-            }),
-        }
-    }
+    // Ports in the record's order (a plugin may have replaced one in place);
+    // a port the record leaves as it was keeps the fields the record lacks.
+    let existing = c.ports.take().unwrap_or_default();
+    let ports = record
+        .ports
+        .iter()
+        .map(|port| {
+            existing
+                .iter()
+                .find(|p| {
+                    p.container_port == port.container_port
+                        && p.name == port.name
+                        && p.protocol == port.protocol
+                })
+                .cloned()
+                .unwrap_or_else(|| core::ContainerPort {
+                    container_port: port.container_port,
+                    name: port.name.clone(),
+                    protocol: port.protocol.clone(),
+                    ..Default::default()
+                })
+        })
+        .collect();
     c.ports = non_empty(ports);
 
     let mut mounts = c.volume_mounts.take().unwrap_or_default();
