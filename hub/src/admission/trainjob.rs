@@ -147,7 +147,9 @@ fn ref_value(runtime_ref: &RuntimeRef) -> Value {
 }
 
 /// A plugin's field error as the API reports it. Plugins hand values over
-/// as text; integers and booleans are shown bare, as upstream prints them.
+/// as text; integers and booleans are shown bare, as upstream prints them,
+/// and so are lists and objects a plugin hands over as JSON (a list of env
+/// entries, say), rather than as a quoted string of JSON.
 pub fn from_plugin(e: sdk::FieldError) -> FieldError {
     let kind = match e.kind {
         sdk::ErrorKind::Required => ErrorType::Required,
@@ -162,6 +164,12 @@ pub fn from_plugin(e: sdk::FieldError) -> FieldError {
             Value::from(n)
         } else if let Ok(b) = text.parse::<bool>() {
             Value::Bool(b)
+        } else if let Some(v) = text
+            .starts_with(['[', '{'])
+            .then(|| serde_json::from_str::<Value>(&text).ok())
+            .flatten()
+        {
+            v
         } else {
             Value::String(text)
         }
@@ -322,6 +330,18 @@ mod tests {
             e.to_string(),
             "spec.trainer.env[0].name: Invalid value: \"PET_NNODES\": bad"
         );
+        let e = from_plugin(sdk::FieldError::invalid(
+            "spec.trainer.env",
+            Some(r#"[{"name":"PET_NNODES","value":"4"}]"#.into()),
+            "bad",
+        ));
+        assert_eq!(
+            e.to_string(),
+            r#"spec.trainer.env: Invalid value: [{"name":"PET_NNODES","value":"4"}]: bad"#
+        );
+        // Text that only looks like JSON stays a string.
+        let e = from_plugin(sdk::FieldError::invalid("spec.x", Some("[a".into()), "bad"));
+        assert_eq!(e.to_string(), r#"spec.x: Invalid value: "[a": bad"#);
     }
 
     #[test]

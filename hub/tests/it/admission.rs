@@ -441,7 +441,7 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
             vec![cause(
                 "spec.trainer.env",
                 "FieldValueInvalid",
-                r#"Invalid value: "[{\"name\":\"PET_NNODES\",\"value\":\"4\"}]": must not have reserved envs, invalid envs configured: [PET_NNODES]"#,
+                r#"Invalid value: [{"name":"PET_NNODES","value":"4"}]: must not have reserved envs, invalid envs configured: [PET_NNODES]"#,
             )],
         ),
     ];
