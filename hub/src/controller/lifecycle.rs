@@ -96,7 +96,13 @@ pub fn reconcile(job: &Value, now: Timestamp) -> Decision {
     }
     let now_text = format_time(now);
     let mut status = old.clone();
-    let suspend = job["spec"]["suspend"].as_bool() == Some(true);
+    // Held by its queue (the hub's quota said no: `QuotaReserved` False) is
+    // suspended as Kueue suspends a TrainJob it has not admitted: the
+    // Suspended condition says so (and `kubectl get trainjobs` prints it),
+    // and the active deadline counts from the admission, not from creation.
+    let held = condition(&old, crate::kueue::conditions::QUOTA_RESERVED)
+        .is_some_and(|c| c["status"] == "False");
+    let suspend = job["spec"]["suspend"].as_bool() == Some(true) || held;
     let mut requeue_at = None;
     if suspend {
         set_condition(
@@ -215,6 +221,33 @@ mod tests {
             reconcile(&j, t("2026-02-01T00:00:00Z")),
             Decision::default()
         );
+    }
+
+    #[test]
+    fn a_trainjob_its_queue_holds_is_suspended_until_admitted() {
+        let mut j = job(json!({"activeDeadlineSeconds": 60}));
+        let waiting = json!({"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "couldn't assign flavors", "lastTransitionTime": "2026-01-01T00:00:00Z"});
+        j["status"] = json!({"conditions": [waiting]});
+        // Waiting an hour: suspended (printed last), the deadline not running.
+        let d = reconcile(&j, t("2026-01-01T01:00:00Z"));
+        assert_eq!(d.requeue_at, None);
+        let status = d.status.unwrap();
+        let last = &status["conditions"][1];
+        assert_eq!(
+            (last["type"].as_str(), last["status"].as_str()),
+            (Some("Suspended"), Some("True"))
+        );
+        // Admitted at 02:00: resumed, and the deadline is a minute later.
+        j["status"] = status;
+        j["status"]["conditions"][0]["status"] = "True".into();
+        j["status"]["conditions"][0]["reason"] = "QuotaReserved".into();
+        let d = reconcile(&j, t("2026-01-01T02:00:00Z"));
+        let status = d.status.unwrap();
+        assert_eq!(
+            condition(&status, "Suspended").unwrap()["reason"],
+            "Resumed"
+        );
+        assert_eq!(d.requeue_at, Some(t("2026-01-01T02:01:00Z")));
     }
 
     #[test]

@@ -190,6 +190,19 @@ async fn a_quota_smaller_than_the_spokes_holds_and_frees_as_jobs_finish() {
         &format!("involvedObject.name={waiting_name}"),
     ]);
     assert!(events.contains("Pending"), "{events}");
+    // Held by its queue, it reads as Kueue's suspended TrainJob does: the
+    // STATE column prints Suspended.
+    let state = eventually(
+        "the waiting TrainJob's STATE column",
+        &hub,
+        Duration::from_secs(20),
+        || {
+            let line = hub.kubectl_ok(&["get", "trainjob", &waiting_name, "--no-headers"]);
+            line.contains("Suspended").then_some(line)
+        },
+    )
+    .await;
+    assert!(state.starts_with(&waiting_name), "{state}");
 
     // As the first two finish, the third gets their quota and runs.
     all_complete(&hub, Duration::from_secs(90)).await;
