@@ -292,9 +292,14 @@ impl Dispatcher {
             })
         });
         let preemptor_uid = job.info.uid.clone();
-        let decision =
-            self.quotas
-                .choose_victims(&cq_name, &assignment, &demand, &rooms, &candidates);
+        let decision = self.quotas.choose_victims(
+            &cq_name,
+            job.info.priority,
+            &assignment,
+            &demand,
+            &rooms,
+            &candidates,
+        );
         let Some(decision) = decision else {
             self.preempt_after
                 .insert(key.clone(), now.saturating_add(self.config.retry_ms));

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use super::*;
 use crate::dispatch::quota::{
-    ClusterQueue, Flavor, FlavorQuotas, QueueingStrategy, Quota, QuotaConfig, ReclaimWithinCohort,
-    ResourceGroup, StopPolicy, WithinClusterQueue, reason as kueue,
+    BorrowWithinCohort, ClusterQueue, Flavor, FlavorQuotas, QueueingStrategy, Quota, QuotaConfig,
+    ReclaimWithinCohort, ResourceGroup, StopPolicy, WithinClusterQueue, reason as kueue,
 };
 use trainhub_apiserver::selector::LabelSelector;
 
@@ -819,8 +819,9 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 /// Three ClusterQueues: `q0` and `q1` in a cohort (q0 may borrow at most 2,
-/// q1 lends at most 3), `q2` alone; two flavors of 6 cpus each, on spokes
-/// labelled by pool; every preemption policy on.
+/// and preempt while borrowing up to priority 2; q1 lends at most 3), `q2`
+/// alone; two flavors of 6 cpus each, on spokes labelled by pool; every
+/// preemption policy on.
 fn random_world() -> Dispatcher {
     let mut d = dispatcher();
     let mut queues = Vec::new();
@@ -837,6 +838,12 @@ fn random_world() -> Dispatcher {
         }
         q.preemption.within_cluster_queue = WithinClusterQueue::LowerOrNewerEqualPriority;
         q.preemption.reclaim_within_cohort = ReclaimWithinCohort::LowerPriority;
+        if i == 0 {
+            q.preemption.borrow_within_cohort = BorrowWithinCohort {
+                lower_priority: true,
+                max_priority_threshold: Some(2),
+            };
+        }
         queues.push(q);
     }
     d.set_quota_config(

@@ -149,7 +149,13 @@ pub fn assign(
             let mut mode = Mode::Fit;
             let mut borrows = false;
             for (resource, amount) in &wanted {
-                let (m, b) = fits(tree, node, name, resource, *amount, &mut reasons);
+                let (m, b) = fits(
+                    tree,
+                    node,
+                    (name, resource, *amount),
+                    cq.preemption.borrow_within_cohort.lower_priority,
+                    &mut reasons,
+                );
                 mode = mode.min(m);
                 borrows |= b;
                 if mode == Mode::NoFit {
@@ -216,12 +222,14 @@ pub fn assign(
 
 /// How `amount` of `resource` fits in `flavor` for the ClusterQueue at
 /// `node`, and whether it borrows; a shortfall is explained in `reasons`.
+/// Preemption can make room within the nominal quota, and beyond it (up to
+/// what the cohort could lend) when the queue may preempt while borrowing
+/// (`borrowWithinCohort`).
 fn fits(
     tree: &Tree,
     node: NodeId,
-    flavor: &str,
-    resource: &str,
-    amount: i64,
+    (flavor, resource, amount): (&str, &str, i64),
+    preempt_borrowing: bool,
     reasons: &mut Vec<String>,
 ) -> (Mode, bool) {
     let most = tree.potential_available(node, flavor, resource);
@@ -245,6 +253,8 @@ fn fits(
     ));
     if amount <= tree.quota(node, flavor, resource).nominal {
         (Mode::Preempt, false)
+    } else if preempt_borrowing {
+        (Mode::Preempt, borrows)
     } else {
         (Mode::NoFit, borrows)
     }
@@ -594,8 +604,9 @@ mod tests {
 
     /// Two ClusterQueues in a cohort, each with 4 cpus of flavors `a` and `b`
     /// (in that order) for `cq`, `cq` having used 3 of `a`.
-    fn borrowing(fungibility: FlavorFungibility) -> (Tree, ClusterQueue) {
-        let groups = vec![group(&["cpu"], &[("a", 4000), ("b", 4000)])];
+    /// Two ClusterQueues of `groups` in a cohort: the tree, the first (a
+    /// queue of `groups` in cohort `c`, node 1) and the second's node.
+    fn pair(groups: Vec<ResourceGroup>) -> (Tree, ClusterQueue, NodeId) {
         let mut t = Tree::default();
         let cohort = t.add_node(&[]);
         let me = t.add_node(&groups);
@@ -603,11 +614,33 @@ mod tests {
         t.set_parent(me, cohort);
         t.set_parent(other, cohort);
         t.finish();
-        t.add_usage(me, "a", "cpu", 3000);
         let mut q = cq(groups);
         q.cohort = Some("c".into());
+        (t, q, other)
+    }
+
+    fn borrowing(fungibility: FlavorFungibility) -> (Tree, ClusterQueue) {
+        let (mut t, mut q, _) = pair(vec![group(&["cpu"], &[("a", 4000), ("b", 4000)])]);
+        t.add_usage(1, "a", "cpu", 3000);
         q.flavor_fungibility = fungibility;
         (t, q)
+    }
+
+    #[test]
+    fn beyond_nominal_preemption_is_tried_only_when_the_queue_may_borrow_preempting() {
+        // Cohort of me and other (4 each); other uses its 4: me can borrow
+        // nothing now, 4 once other's quota frees.
+        let (mut t, mut q, other) = pair(vec![group(&["cpu"], &[("f", 4000)])]);
+        t.add_usage(other, "f", "cpu", 4000);
+        let me = 1;
+        let out = assign(&t, me, &q, &flavors(&["f"]), request(&cpu(6000)));
+        assert!(matches!(out, Outcome::NoFit { .. }), "{out:?}");
+        q.preemption.borrow_within_cohort.lower_priority = true;
+        let out = assign(&t, me, &q, &flavors(&["f"]), request(&cpu(6000)));
+        let Outcome::Preempt { assignment, .. } = out else {
+            panic!("{out:?}");
+        };
+        assert!(assignment.borrows);
     }
 
     #[test]

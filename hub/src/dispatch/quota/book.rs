@@ -369,12 +369,13 @@ impl Quotas {
         out
     }
 
-    /// Chooses victims among `candidates` for a workload of `cq` needing
-    /// `assignment` and a spoke among `rooms` for its `gang` (see
-    /// [`preempt::choose`]).
+    /// Chooses victims among `candidates` for a workload of `cq` and
+    /// `priority` needing `assignment` and a spoke among `rooms` for its
+    /// `gang` (see [`preempt::choose`]).
     pub fn choose_victims(
         &mut self,
         cq: &str,
+        priority: i32,
         assignment: &Assignment,
         gang: &Resources,
         rooms: &[Room],
@@ -385,6 +386,13 @@ impl Quotas {
             node,
             usage: &assignment.usage,
             gang,
+            priority,
+            borrowing: self
+                .config
+                .cluster_queues
+                .get(cq)?
+                .preemption
+                .borrow_within_cohort,
         };
         preempt::choose(
             &mut self.tree,

@@ -141,12 +141,24 @@ pub enum ReclaimWithinCohort {
     Any,
 }
 
-/// `spec.preemption.borrowWithinCohort` (parsed and kept; preempting while
-/// borrowing is not decided yet: such a workload waits).
+/// `spec.preemption.borrowWithinCohort`: with `LowerPriority`, a workload
+/// may preempt in its cohort while it borrows (beyond its nominal quota),
+/// victims of lower priority than its own and at most
+/// `maxPriorityThreshold` when set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BorrowWithinCohort {
     pub lower_priority: bool,
     pub max_priority_threshold: Option<i32>,
+}
+
+impl BorrowWithinCohort {
+    /// Whether a workload of `preemptor` priority that borrows may preempt
+    /// one of `victim` priority in another ClusterQueue of its cohort.
+    pub fn allows(&self, preemptor: i32, victim: i32) -> bool {
+        self.lower_priority
+            && victim < preemptor
+            && self.max_priority_threshold.is_none_or(|t| victim <= t)
+    }
 }
 
 /// `spec.preemption`.

@@ -10,9 +10,11 @@
 //!   and the chosen spoke's free capacity plus what the victims there free
 //!   holds the whole gang;
 //! - a decision with reclamation victims leaves the preemptor within its
-//!   nominal quota (it reclaims what it lent), and takes from each other
-//!   ClusterQueue only while that queue borrows: it still borrows when its
-//!   last victim goes, the largest last;
+//!   nominal quota (it reclaims what it lent), unless its queue's
+//!   `borrowWithinCohort` allows every one of those victims (lower priority
+//!   than the preemptor, and at most the threshold): then it may borrow;
+//!   either way it takes from each other ClusterQueue only while that queue
+//!   borrows: it still borrows when its last victim goes, the largest last;
 //! - among the sets that work, the fewest victims win, then the least
 //!   important (lowest priority, then most recently admitted, compared from
 //!   the most important victim down), then the spoke named first.
@@ -26,6 +28,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
+use super::model::BorrowWithinCohort;
 use super::tree::{NodeId, Tree};
 use crate::dispatch::core::{JobKey, Millis, Resources};
 
@@ -58,6 +61,10 @@ pub struct Preemptor<'a> {
     /// (flavor, resource) → milli-units it needs.
     pub usage: &'a BTreeMap<(String, String), i64>,
     pub gang: &'a Resources,
+    pub priority: i32,
+    /// Its ClusterQueue's `borrowWithinCohort`: whether, and whom, it may
+    /// preempt in its cohort while it borrows.
+    pub borrowing: BorrowWithinCohort,
 }
 
 /// A spoke the preemptor may go to, with its free capacity now.
@@ -153,7 +160,19 @@ fn quota_fits_removed(
     let within_nominal = preemptor.usage.iter().all(|((f, r), amount)| {
         tree.usage(preemptor.node, f, r) + amount <= tree.subtree_quota(preemptor.node, f, r)
     });
-    if !within_nominal {
+    // Borrowing after the evictions: only over victims its queue's
+    // `borrowWithinCohort` allows it to preempt.
+    let may_borrow = || {
+        victims
+            .iter()
+            .filter(|&&v| !candidates[v].same_queue)
+            .all(|&v| {
+                preemptor
+                    .borrowing
+                    .allows(preemptor.priority, candidates[v].priority)
+            })
+    };
+    if !within_nominal && !may_borrow() {
         return false;
     }
     // Each queue reclaimed from is still borrowing when its last victim
@@ -412,6 +431,21 @@ mod tests {
         [("cpu".to_string(), cpu)].into()
     }
 
+    /// A preemptor of priority 10 that may not preempt while borrowing.
+    fn preemptor<'a>(
+        node: NodeId,
+        usage: &'a BTreeMap<(String, String), i64>,
+        gang: &'a Resources,
+    ) -> Preemptor<'a> {
+        Preemptor {
+            node,
+            usage,
+            gang,
+            priority: 10,
+            borrowing: BorrowWithinCohort::default(),
+        }
+    }
+
     fn candidate(
         name: &str,
         node: NodeId,
@@ -462,11 +496,7 @@ mod tests {
         ];
         let need = usage(4000);
         let g = gang(4000);
-        let p = Preemptor {
-            node: 0,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(0, &need, &g);
         let d = choose(&mut t, &p, &[room("s", 0)], &candidates, SEARCH_BUDGET).unwrap();
         assert_eq!(d.victims, [2]);
         assert_eq!(t.usage(0, "f", "cpu"), 8000, "the tree is restored");
@@ -481,11 +511,7 @@ mod tests {
         ];
         let need = usage(2000);
         let g = gang(2000);
-        let p = Preemptor {
-            node: 0,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(0, &need, &g);
         let d = choose(&mut t, &p, &[room("s", 0)], &candidates, SEARCH_BUDGET).unwrap();
         assert_eq!(d.victims, [1]);
     }
@@ -501,21 +527,13 @@ mod tests {
         ];
         let need = usage(2000);
         let g = gang(3000);
-        let p = Preemptor {
-            node: 0,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(0, &need, &g);
         let rooms = [room("x", 0), room("y", 1000)];
         let d = choose(&mut t, &p, &rooms, &candidates, SEARCH_BUDGET).unwrap();
         assert_eq!((d.spoke.as_str(), d.victims.as_slice()), ("y", &[1][..]));
         // No spoke can hold it: nothing is preempted.
         let g = gang(5000);
-        let p = Preemptor {
-            node: 0,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(0, &need, &g);
         assert_eq!(choose(&mut t, &p, &rooms, &candidates, SEARCH_BUDGET), None);
     }
 
@@ -538,26 +556,59 @@ mod tests {
             .collect();
         let need = usage(2000);
         let g = gang(2000);
-        let p = Preemptor {
-            node: a,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(a, &need, &g);
         let d = choose(&mut t, &p, &[room("z", 2000)], &candidates, SEARCH_BUDGET).unwrap();
         assert_eq!(d.victims.len(), 1, "one victim reclaims the 2 b borrows");
         assert_eq!(d.spoke, "z");
         // a needing 4 more would push b under its nominal: not reclaimable.
         let need = usage(4000);
         let g = gang(4000);
-        let p = Preemptor {
-            node: a,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(a, &need, &g);
         assert_eq!(
             choose(&mut t, &p, &[room("z", 4000)], &candidates, SEARCH_BUDGET),
             None
         );
+    }
+
+    #[test]
+    fn borrow_within_cohort_lets_a_preemptor_borrow_over_lower_priorities_only() {
+        // Cohort of a, b and c (4 each); c idle, b uses 8 (borrows c's 4)
+        // in four jobs of 2 at priority 0. a needs 6: its 4 and 2 more,
+        // which only evicting one of b's jobs frees.
+        let mut t = Tree::default();
+        let cohort = t.add_node(&[]);
+        let [a, b, c] = [0; 3].map(|_| t.add_node(&cpu_groups(4000)));
+        for n in [a, b, c] {
+            t.set_parent(n, cohort);
+        }
+        t.finish();
+        for _ in 0..4 {
+            t.add_usage(b, "f", "cpu", 2000);
+        }
+        let candidates: Vec<Candidate> = (0..4)
+            .map(|i| candidate(&format!("b{i}"), b, false, &format!("s{i}"), 2000, 0, i))
+            .collect();
+        let need = usage(6000);
+        let g = gang(6000);
+        let rooms = [room("z", 6000)];
+        // Reclaiming alone keeps a within its nominal quota: no.
+        let p = preemptor(a, &need, &g);
+        assert_eq!(choose(&mut t, &p, &rooms, &candidates, SEARCH_BUDGET), None);
+        // borrowWithinCohort LowerPriority: one victim, the newest.
+        let mut p = preemptor(a, &need, &g);
+        p.borrowing = BorrowWithinCohort {
+            lower_priority: true,
+            max_priority_threshold: None,
+        };
+        let d = choose(&mut t, &p, &rooms, &candidates, SEARCH_BUDGET).unwrap();
+        assert_eq!(d.victims, [3], "{d:?}");
+        // Victims above the threshold, or not below the preemptor, are not
+        // taken while borrowing.
+        p.borrowing.max_priority_threshold = Some(-1);
+        assert_eq!(choose(&mut t, &p, &rooms, &candidates, SEARCH_BUDGET), None);
+        p.borrowing.max_priority_threshold = None;
+        p.priority = 0;
+        assert_eq!(choose(&mut t, &p, &rooms, &candidates, SEARCH_BUDGET), None);
     }
 
     #[test]
@@ -568,11 +619,7 @@ mod tests {
             .collect();
         let need = usage(3000);
         let g = gang(3000);
-        let p = Preemptor {
-            node: 0,
-            usage: &need,
-            gang: &g,
-        };
+        let p = preemptor(0, &need, &g);
         let d = choose(&mut t, &p, &[room("s", 0)], &candidates, 3).unwrap();
         assert_eq!(d.victims.len(), 3);
         assert_eq!(t.usage(0, "f", "cpu"), 10_000);
@@ -638,7 +685,7 @@ mod tests {
             let usage_before = t.usage(1, "f", "cpu") + t.usage(2, "f", "cpu");
             let need_usage = usage(need * 1000);
             let g = gang(need * 1000);
-            let p = Preemptor { node: 1, usage: &need_usage, gang: &g };
+            let p = preemptor(1, &need_usage, &g);
             let rooms: Vec<Room> = free.iter().enumerate().map(|(i, f)| room(&format!("s{i}"), f * 1000)).collect();
             let decision = choose(&mut t, &p, &rooms, &candidates, budget);
             prop_assert_eq!(t.usage(1, "f", "cpu") + t.usage(2, "f", "cpu"), usage_before);
