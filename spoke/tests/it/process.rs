@@ -1392,6 +1392,24 @@ fn gpu_pod(gpus: u32, go: &std::path::Path) -> Value {
     c
 }
 
+/// A backend giving pods `gpus` and declaring `gpus_milli` of
+/// `nvidia.com/gpu`, and the file that lets [`gpu_pod`]s end.
+fn gpu_harness(gpus: Vec<Gpu>, gpus_milli: i64) -> (Harness, std::path::PathBuf) {
+    let capacity = [("cpu", 100_000), ("nvidia.com/gpu", gpus_milli)];
+    let h = harness_full(&capacity, |_| SandboxConfig::default(), gpus);
+    let go = h.dir.path().join("shared/go");
+    (h, go)
+}
+
+/// Starts run `name`: `pods` pods of `gpus` GPUs each (see [`gpu_pod`]).
+async fn start_gpu_run(h: &Harness, name: &str, pods: u32, gpus: u32, go: &std::path::Path) {
+    let js = jobset(
+        name,
+        json!({"replicatedJobs": [rjob("node", pods, json!([gpu_pod(gpus, go)]))]}),
+    );
+    h.start(run_spec(name, name, vec![js])).await.unwrap();
+}
+
 fn devices_of(pod: &Value) -> Vec<String> {
     pod["metadata"]["annotations"][DEVICES_ANNOTATION]
         .as_str()
@@ -1412,17 +1430,8 @@ async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
     assert_eq!(found.product.as_deref(), Some("NVIDIA-A100-SXM4-80GB"));
     assert_eq!(found.gpus.len(), 4);
 
-    let mut h = harness_full(
-        &[("cpu", 100_000), ("nvidia.com/gpu", 4000)],
-        |_| SandboxConfig::default(),
-        found.gpus,
-    );
-    let go = h.dir.path().join("shared/go");
-    let two = jobset(
-        "two",
-        json!({"replicatedJobs": [rjob("node", 2, json!([gpu_pod(2, &go)]))]}),
-    );
-    h.start(run_spec("two", "two", vec![two])).await.unwrap();
+    let (mut h, go) = gpu_harness(found.gpus, 4000);
+    start_gpu_run(&h, "two", 2, 2, &go).await;
     let running = h
         .wait_for(&key("two"), "two running pods", |r| {
             phases(r) == ["Running", "Running"]
@@ -1436,11 +1445,7 @@ async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
         "two pods of two GPUs each, none shared"
     );
 
-    let cpu = jobset(
-        "cpu",
-        json!({"replicatedJobs": [rjob("node", 1, json!([gpu_pod(0, &go)]))]}),
-    );
-    h.start(run_spec("cpu", "cpu", vec![cpu])).await.unwrap();
+    start_gpu_run(&h, "cpu", 1, 0, &go).await;
     let cpu_running = h
         .wait_for(&key("cpu"), "a running pod", |r| phases(r) == ["Running"])
         .await;
@@ -1469,11 +1474,7 @@ async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
     let log = read_log(&h.backend, "cpu", name, None, false, None).await;
     assert_eq!(log.trim(), "host=cpu-node-0-0 cuda= nvidia=void");
 
-    let all = jobset(
-        "all",
-        json!({"replicatedJobs": [rjob("node", 1, json!([gpu_pod(4, &go)]))]}),
-    );
-    h.start(run_spec("all", "all", vec![all])).await.unwrap();
+    start_gpu_run(&h, "all", 1, 4, &go).await;
     let all_done = h
         .wait_for(&key("all"), "a terminal state", |r| r.finished)
         .await;
@@ -1483,4 +1484,61 @@ async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
         4,
         "freed devices are given again"
     );
+}
+
+/// The run records of the backend, as JSON.
+fn records(h: &Harness) -> Vec<Value> {
+    let dir = h.dir.path().join("work/.runs");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+        .collect()
+}
+
+/// More GPUs declared than found: a second run is admitted, but its pod
+/// waits, unscheduled, until the first run's pod frees the GPUs. While a pod
+/// holds GPUs its run's record says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waits_for_gpus_another_pod_holds() {
+    let bin = fake_nvidia_smi();
+    let found = devices::discover(Some(bin.path().as_os_str()));
+    let (mut h, go) = gpu_harness(found.gpus, 8000);
+    start_gpu_run(&h, "first", 1, 4, &go).await;
+    let running = h
+        .wait_for(&key("first"), "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    let held = devices_of(&running.pods[0]);
+    assert_eq!(held.len(), 4);
+    let uid = running.pods[0]["metadata"]["uid"].as_str().unwrap();
+    let recorded: Vec<Value> = records(&h)
+        .into_iter()
+        .filter_map(|r| r["devices"].get(uid).cloned())
+        .collect();
+    assert_eq!(recorded, [json!(held)], "the record holds the assignment");
+
+    start_gpu_run(&h, "second", 1, 4, &go).await;
+    let waiting = h
+        .wait_for(&key("second"), "a pending pod", |r| {
+            phases(r) == ["Pending"]
+        })
+        .await;
+    assert_eq!(
+        waiting.pods[0]["status"]["conditions"][0],
+        json!({"type": "PodScheduled", "status": "False"})
+    );
+    assert!(devices_of(&waiting.pods[0]).is_empty());
+
+    std::fs::write(&go, "").unwrap();
+    let done = h
+        .wait_for(&key("second"), "a terminal state", |r| r.finished)
+        .await;
+    assert_eq!(terminal(&done), Some("Completed"));
+    let mut got = devices_of(&done.pods[0]);
+    got.sort();
+    assert_eq!(got, held, "the freed GPUs, once the first pod ended");
+    let first = records(&h)
+        .into_iter()
+        .find(|r| r["run_id"] == "first")
+        .unwrap();
+    assert_eq!(first["devices"], json!({}), "freed GPUs leave the record");
 }
