@@ -445,6 +445,15 @@ mod tests {
     }
 
     #[test]
+    fn capacity_is_discovered_unless_given() {
+        assert_eq!(Args::try_parse_from(BASE).unwrap().capacity, None);
+        let args =
+            Args::try_parse_from(BASE.iter().copied().chain(["--capacity", "cpu=2"])).unwrap();
+        let capacity = parse_capacity(args.capacity.as_deref().unwrap()).unwrap();
+        assert_eq!(capacity, BTreeMap::from([("cpu".to_owned(), 2000)]));
+    }
+
+    #[test]
     fn sandbox_flags_default_to_the_documented_uid_range() {
         use crate::backend::process::{DEFAULT_RUN_UIDS, UidRange};
         let default = Args::try_parse_from(BASE).unwrap();
