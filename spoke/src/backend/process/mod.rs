@@ -20,7 +20,9 @@
 //! resolved (`fieldRef`: `metadata.name|namespace|uid`,
 //! `metadata.labels['k']`, `metadata.annotations['k']`, `spec.nodeName`,
 //! `spec.serviceAccountName`, `status.podIP`/`hostIP` = 127.0.0.1;
-//! `configMapKeyRef`/`secretKeyRef` to the run's own ConfigMaps and Secrets),
+//! `configMapKeyRef`/`secretKeyRef` to the run's own ConfigMaps and Secrets;
+//! `resourceFieldRef` to the container's own limits and requests, an unset
+//! limit reading the spoke's capacity as kubelet reads the node's),
 //! and `JOB_COMPLETION_INDEX`. A source that is missing or unsupported fails
 //! the pod, naming the env var. As a container runtime does, each process
 //! also gets `HOSTNAME` (the pod's `spec.hostname`, `<jobset>-<rjob>-<job>-<pod>`)

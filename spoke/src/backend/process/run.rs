@@ -479,6 +479,7 @@ async fn launch(
         endpoints: endpoints.clone(),
         node_name: &ctx.shared.node_name,
         extra_env: &ctx.extra_env,
+        allocatable: Some(&ctx.shared.config.capacity),
     };
     let dir = ctx.dir.join(&pod.name);
     let prepared = match ctx
