@@ -271,7 +271,10 @@ pub async fn run(args: Args) -> Result<()> {
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend: Arc<dyn crate::backend::Backend> = match backend {
         BackendKind::Process => {
-            let machine = devices::discover(None);
+            // nvidia-smi may take seconds: not on a worker thread.
+            let machine = tokio::task::spawn_blocking(|| devices::discover(None))
+                .await
+                .context("discovering the machine's capacity")?;
             let capacity = match capacity {
                 Some(text) => parse_capacity(&text)?,
                 None => machine.capacity.clone(),
