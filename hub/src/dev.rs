@@ -324,6 +324,7 @@ pub async fn run(
                                     capacity,
                                     path_env: None,
                                     sandbox,
+                                    gpus: Vec::new(),
                                 },
                                 tx,
                             )

@@ -12,7 +12,8 @@ use crate::agent::{self, AgentConfig};
 use crate::backend::kube::capacity::GPU_PRODUCT_LABEL;
 use crate::backend::kube::{KubeBackend, KubeConfig};
 use crate::backend::process::{
-    ProcessBackend, ProcessConfig, RunAsUser, SandboxConfig, parse_quantity_milli,
+    ProcessBackend, ProcessConfig, RunAsUser, SandboxConfig, devices, format_milli,
+    parse_quantity_milli,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -65,9 +66,11 @@ pub struct Args {
     #[arg(long, default_value = ".trainspoke")]
     pub work_dir: PathBuf,
     /// Process backend: declared capacity, `RESOURCE=QUANTITY` comma
-    /// separated (e.g. `cpu=8,memory=32Gi,nvidia.com/gpu=0`).
-    #[arg(long, default_value = "cpu=4,memory=8Gi")]
-    pub capacity: String,
+    /// separated (e.g. `cpu=8,memory=32Gi,nvidia.com/gpu=0`). Default: the
+    /// machine's CPUs, its memory less max(1Gi, 10%), and the GPUs
+    /// `nvidia-smi` lists (see docs/gpus.md).
+    #[arg(long)]
+    pub capacity: Option<String>,
     /// Process backend, spoke running as root: the uids runs get, one per
     /// run, `FIRST-LAST` (or one `UID`); `none` keeps the spoke's uid. The
     /// range must hold no real user's uid.
@@ -198,6 +201,30 @@ pub fn parse_capacity(text: &str) -> Result<BTreeMap<String, i64>> {
         .collect()
 }
 
+/// Says the capacity the process backend declares, and warns when it
+/// declares GPUs other than those found.
+fn say_capacity(capacity: &BTreeMap<String, i64>, machine: &devices::Discovered) {
+    let shown: Vec<String> = capacity
+        .iter()
+        .map(|(k, v)| format!("{k}={}", format_milli(*v)))
+        .collect();
+    let gpus: Vec<&str> = machine.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    tracing::info!(capacity = %shown.join(","), ?gpus, "process backend capacity");
+    let declared = capacity.get(devices::GPU_RESOURCE).copied().unwrap_or(0);
+    let found = machine
+        .capacity
+        .get(devices::GPU_RESOURCE)
+        .copied()
+        .unwrap_or(0);
+    if declared != found && !machine.gpus.is_empty() {
+        tracing::warn!(
+            declared = %format_milli(declared),
+            found = %format_milli(found),
+            "--capacity declares another number of nvidia.com/gpu than nvidia-smi lists: pods get only listed GPUs, and wait for them"
+        );
+    }
+}
+
 pub async fn run(args: Args) -> Result<()> {
     let Args {
         hub,
@@ -243,20 +270,38 @@ pub async fn run(args: Args) -> Result<()> {
     }
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend: Arc<dyn crate::backend::Backend> = match backend {
-        BackendKind::Process => ProcessBackend::new(
-            ProcessConfig {
-                work_dir,
-                capacity: parse_capacity(&capacity)?,
-                path_env: None,
-                sandbox: SandboxConfig {
-                    run_as_user: run_as_user.0,
-                    hide: std::iter::once(key.clone()).chain(sandbox_hide).collect(),
-                    disabled: false,
+        BackendKind::Process => {
+            // nvidia-smi may take seconds: not on a worker thread.
+            let machine = tokio::task::spawn_blocking(|| devices::discover(None))
+                .await
+                .context("discovering the machine's capacity")?;
+            let capacity = match capacity {
+                Some(text) => parse_capacity(&text)?,
+                None => machine.capacity.clone(),
+            };
+            say_capacity(&capacity, &machine);
+            if let Some(product) = machine.product.clone() {
+                config
+                    .labels
+                    .entry(GPU_PRODUCT_LABEL.to_string())
+                    .or_insert(product);
+            }
+            ProcessBackend::new(
+                ProcessConfig {
+                    work_dir,
+                    capacity,
+                    path_env: None,
+                    sandbox: SandboxConfig {
+                        run_as_user: run_as_user.0,
+                        hide: std::iter::once(key.clone()).chain(sandbox_hide).collect(),
+                        disabled: false,
+                    },
+                    gpus: machine.gpus,
                 },
-            },
-            reports_tx,
-        )
-        .context("starting the process backend")?,
+                reports_tx,
+            )
+            .context("starting the process backend")?
+        }
         BackendKind::Kube => {
             let client = kube_client(kubeconfig.as_deref()).await?;
             let backend = KubeBackend::connect(
@@ -400,6 +445,15 @@ mod tests {
         );
         let zero = Args::try_parse_from(BASE.iter().copied().chain(["--fence-after-seconds", "0"]));
         assert!(zero.is_err(), "fencing cannot be turned off");
+    }
+
+    #[test]
+    fn capacity_is_discovered_unless_given() {
+        assert_eq!(Args::try_parse_from(BASE).unwrap().capacity, None);
+        let args =
+            Args::try_parse_from(BASE.iter().copied().chain(["--capacity", "cpu=2"])).unwrap();
+        let capacity = parse_capacity(args.capacity.as_deref().unwrap()).unwrap();
+        assert_eq!(capacity, BTreeMap::from([("cpu".to_owned(), 2000)]));
     }
 
     #[test]

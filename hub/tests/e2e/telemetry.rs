@@ -169,6 +169,7 @@ fn start_spoke(
         .arg("--work-dir")
         .arg(dir.join(name))
         .args(["--label", &format!("cluster={cluster}")])
+        .args(["--capacity", "cpu=4,memory=8Gi"])
         .args(["--heartbeat-seconds", "1"])
         .args(["--http-address", &format!("127.0.0.1:{http}")])
         .args(["--log-format", "json"])

@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use trainhub_spoke::backend::process::devices::{self, DEVICES_ANNOTATION, Gpu};
 use trainhub_spoke::backend::process::{ProcessBackend, ProcessConfig, SandboxConfig};
 use trainhub_spoke::backend::{Backend, BackendError, PodSetRequest, RunKey, RunReport, RunSpec};
 
@@ -70,6 +71,15 @@ fn harness_with(
     capacity: &[(&str, i64)],
     sandbox: impl FnOnce(&std::path::Path) -> SandboxConfig,
 ) -> Harness {
+    harness_full(capacity, sandbox, Vec::new())
+}
+
+/// [`harness_with`], giving pods `gpus`.
+fn harness_full(
+    capacity: &[(&str, i64)],
+    sandbox: impl FnOnce(&std::path::Path) -> SandboxConfig,
+    gpus: Vec<Gpu>,
+) -> Harness {
     use std::os::unix::fs::PermissionsExt as _;
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -84,6 +94,7 @@ fn harness_with(
             capacity: capacity.iter().map(|(r, m)| (r.to_string(), *m)).collect(),
             path_env: None,
             sandbox,
+            gpus,
         },
         tx,
     )
@@ -1163,6 +1174,7 @@ fn restart(h: &mut Harness) -> Arc<ProcessBackend> {
             capacity: [("cpu".to_string(), 1000)].into(),
             path_env: None,
             sandbox: SandboxConfig::default(),
+            gpus: Vec::new(),
         },
         tx,
     )
@@ -1346,4 +1358,187 @@ async fn reservations_are_listed_until_started_or_withdrawn() {
     assert_eq!(h.backend.reservations(), vec![key("r1"), key("r2")]);
     h.backend.withdraw(&key("r1"));
     assert_eq!(h.backend.reservations(), vec![key("r2")]);
+}
+
+/// An `nvidia-smi` that answers the GPU query with four A100s, in a
+/// directory of its own: that directory is the `PATH` to discover with.
+fn fake_nvidia_smi() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let script = bin.path().join("nvidia-smi");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         [ \"$*\" = '--query-gpu=index,uuid,name,memory.total --format=csv,noheader' ] || exit 2\n\
+         for i in 0 1 2 3; do echo \"$i, GPU-fake-$i, NVIDIA A100-SXM4-80GB, 81920 MiB\"; done\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    bin
+}
+
+/// A pod that requests `gpus` GPUs, prints its hostname and GPU env, and
+/// waits (at most 30 s) for `go` to exist.
+fn gpu_pod(gpus: u32, go: &std::path::Path) -> Value {
+    let script = format!(
+        "echo \"host=$HOSTNAME cuda=$CUDA_VISIBLE_DEVICES nvidia=$NVIDIA_VISIBLE_DEVICES\"\n\
+         i=0; while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
+        go = go.display()
+    );
+    let mut c = container("c", json!(["sh", "-c", script]), json!([]));
+    if gpus > 0 {
+        c["resources"] = json!({"limits": {"nvidia.com/gpu": gpus.to_string()}});
+    }
+    c
+}
+
+/// A backend giving pods `gpus` and declaring `gpus_milli` of
+/// `nvidia.com/gpu`, and the file that lets [`gpu_pod`]s end.
+fn gpu_harness(gpus: Vec<Gpu>, gpus_milli: i64) -> (Harness, std::path::PathBuf) {
+    let capacity = [("cpu", 100_000), ("nvidia.com/gpu", gpus_milli)];
+    let h = harness_full(&capacity, |_| SandboxConfig::default(), gpus);
+    let go = h.dir.path().join("shared/go");
+    (h, go)
+}
+
+/// Starts run `name`: `pods` pods of `gpus` GPUs each (see [`gpu_pod`]).
+async fn start_gpu_run(h: &Harness, name: &str, pods: u32, gpus: u32, go: &std::path::Path) {
+    let js = jobset(
+        name,
+        json!({"replicatedJobs": [rjob("node", pods, json!([gpu_pod(gpus, go)]))]}),
+    );
+    h.start(run_spec(name, name, vec![js])).await.unwrap();
+}
+
+fn devices_of(pod: &Value) -> Vec<String> {
+    pod["metadata"]["annotations"][DEVICES_ANNOTATION]
+        .as_str()
+        .map(|d| d.split(',').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Discovery through a fake `nvidia-smi` on PATH, then runs that hold all
+/// four GPUs, a CPU-only pod beside them, and a run that gets the GPUs
+/// once they are freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
+    let bin = fake_nvidia_smi();
+    let found = devices::discover(Some(bin.path().as_os_str()));
+    assert_eq!(found.capacity.get("nvidia.com/gpu"), Some(&4000));
+    assert!(found.capacity.get("cpu").is_some_and(|c| *c >= 1000));
+    assert!(found.capacity.contains_key("memory"));
+    assert_eq!(found.product.as_deref(), Some("NVIDIA-A100-SXM4-80GB"));
+    assert_eq!(found.gpus.len(), 4);
+
+    let (mut h, go) = gpu_harness(found.gpus, 4000);
+    start_gpu_run(&h, "two", 2, 2, &go).await;
+    let running = h
+        .wait_for(&key("two"), "two running pods", |r| {
+            phases(r) == ["Running", "Running"]
+        })
+        .await;
+    let mut held: Vec<String> = running.pods.iter().flat_map(devices_of).collect();
+    held.sort();
+    assert_eq!(
+        held,
+        ["GPU-fake-0", "GPU-fake-1", "GPU-fake-2", "GPU-fake-3"],
+        "two pods of two GPUs each, none shared"
+    );
+
+    start_gpu_run(&h, "cpu", 1, 0, &go).await;
+    let cpu_running = h
+        .wait_for(&key("cpu"), "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    assert!(devices_of(&cpu_running.pods[0]).is_empty());
+
+    std::fs::write(&go, "").unwrap();
+    let done = h
+        .wait_for(&key("two"), "a terminal state", |r| r.finished)
+        .await;
+    assert_eq!(terminal(&done), Some("Completed"));
+    for pod in &done.pods {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        let host = pod["spec"]["hostname"].as_str().unwrap();
+        let devices = devices_of(pod).join(",");
+        let log = read_log(&h.backend, "two", name, None, false, None).await;
+        assert_eq!(
+            log.trim(),
+            format!("host={host} cuda={devices} nvidia={devices}"),
+            "{name}"
+        );
+    }
+    let cpu_done = h
+        .wait_for(&key("cpu"), "a terminal state", |r| r.finished)
+        .await;
+    let name = cpu_done.pods[0]["metadata"]["name"].as_str().unwrap();
+    let log = read_log(&h.backend, "cpu", name, None, false, None).await;
+    assert_eq!(log.trim(), "host=cpu-node-0-0 cuda= nvidia=void");
+
+    start_gpu_run(&h, "all", 1, 4, &go).await;
+    let all_done = h
+        .wait_for(&key("all"), "a terminal state", |r| r.finished)
+        .await;
+    assert_eq!(terminal(&all_done), Some("Completed"));
+    assert_eq!(
+        devices_of(&all_done.pods[0]).len(),
+        4,
+        "freed devices are given again"
+    );
+}
+
+/// The run records of the backend, as JSON.
+fn records(h: &Harness) -> Vec<Value> {
+    let dir = h.dir.path().join("work/.runs");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+        .collect()
+}
+
+/// More GPUs declared than found: a second run is admitted, but its pod
+/// waits, unscheduled, until the first run's pod frees the GPUs. While a pod
+/// holds GPUs its run's record says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_waits_for_gpus_another_pod_holds() {
+    let bin = fake_nvidia_smi();
+    let found = devices::discover(Some(bin.path().as_os_str()));
+    let (mut h, go) = gpu_harness(found.gpus, 8000);
+    start_gpu_run(&h, "first", 1, 4, &go).await;
+    let running = h
+        .wait_for(&key("first"), "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    let held = devices_of(&running.pods[0]);
+    assert_eq!(held.len(), 4);
+    let uid = running.pods[0]["metadata"]["uid"].as_str().unwrap();
+    let recorded: Vec<Value> = records(&h)
+        .into_iter()
+        .filter_map(|r| r["devices"].get(uid).cloned())
+        .collect();
+    assert_eq!(recorded, [json!(held)], "the record holds the assignment");
+
+    start_gpu_run(&h, "second", 1, 4, &go).await;
+    let waiting = h
+        .wait_for(&key("second"), "a pending pod", |r| {
+            phases(r) == ["Pending"]
+        })
+        .await;
+    assert_eq!(
+        waiting.pods[0]["status"]["conditions"][0],
+        json!({"type": "PodScheduled", "status": "False"})
+    );
+    assert!(devices_of(&waiting.pods[0]).is_empty());
+
+    std::fs::write(&go, "").unwrap();
+    let done = h
+        .wait_for(&key("second"), "a terminal state", |r| r.finished)
+        .await;
+    assert_eq!(terminal(&done), Some("Completed"));
+    let mut got = devices_of(&done.pods[0]);
+    got.sort();
+    assert_eq!(got, held, "the freed GPUs, once the first pod ended");
+    let first = records(&h)
+        .into_iter()
+        .find(|r| r["run_id"] == "first")
+        .unwrap();
+    assert_eq!(first["devices"], json!({}), "freed GPUs leave the record");
 }

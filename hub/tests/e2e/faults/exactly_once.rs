@@ -55,6 +55,8 @@ impl Spoke {
             format!("name={name}"),
             "--heartbeat-seconds".into(),
             "1".into(),
+            "--capacity".into(),
+            "cpu=4,memory=8Gi".into(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
         let mut spoke = Spoke {

@@ -347,6 +347,8 @@ fn start_spoke(pki: &Path, work: &Path, name: &str, grpc: u16) -> ExternalSpoke 
         .arg("--work-dir")
         .arg(work.join(name))
         .args(["--heartbeat-seconds", "1", "--run-as-user", "none"])
+        // Not the machine's: the test asserts the summary.
+        .args(["--capacity", "cpu=4,memory=8Gi"])
         // Below the hub's 3 s worker-lost timeout, as the hub requires.
         .args(["--fence-after-seconds", "2"])
         .env("RUST_LOG", "info")

@@ -20,9 +20,25 @@
 //! resolved (`fieldRef`: `metadata.name|namespace|uid`,
 //! `metadata.labels['k']`, `metadata.annotations['k']`, `spec.nodeName`,
 //! `spec.serviceAccountName`, `status.podIP`/`hostIP` = 127.0.0.1;
-//! `configMapKeyRef`/`secretKeyRef` to the run's own ConfigMaps and Secrets),
+//! `configMapKeyRef`/`secretKeyRef` to the run's own ConfigMaps and Secrets;
+//! `resourceFieldRef` to the container's own limits and requests, an unset
+//! limit reading the spoke's capacity as kubelet reads the node's),
 //! and `JOB_COMPLETION_INDEX`. A source that is missing or unsupported fails
-//! the pod, naming the env var. Pods carry the labels and annotations of the
+//! the pod, naming the env var. As a container runtime does, each process
+//! also gets `HOSTNAME` (the pod's `spec.hostname`, `<jobset>-<rjob>-<job>-<pod>`)
+//! unless its env sets it.
+//!
+//! # GPUs
+//!
+//! When the spoke has GPUs ([`ProcessConfig::gpus`], found by
+//! [`devices::discover`]), a pod requesting `nvidia.com/gpu: N` gets N that
+//! no other pod holds, as `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES`
+//! (their UUIDs) and the pod annotation `trainhub.kubeflow.org/devices`;
+//! a pod requesting none sees none (`""` and `void`). A pod whose GPUs are
+//! still held (a replaced pod's processes are ending) stays Pending,
+//! unscheduled, until they are freed; the GPUs are free again when its
+//! processes have ended. Which pod holds which GPU is in the run's record.
+//! This is visibility, not isolation: a process can still open any device. Pods carry the labels and annotations of the
 //! JobSet and Job controllers (`jobset.sigs.k8s.io/*`,
 //! `batch.kubernetes.io/job-completion-index`, `job-name`).
 //!
@@ -87,6 +103,7 @@
 //! symlink. What the machine does not allow is said once at start.
 
 pub mod cgroup;
+pub mod devices;
 mod ledger;
 mod logs;
 pub mod plan;
@@ -129,6 +146,8 @@ pub struct ProcessConfig {
     pub path_env: Option<OsString>,
     /// How pods are isolated from the platform and from each other.
     pub sandbox: SandboxConfig,
+    /// The GPUs pods are given (see [`devices`]); none: no device env.
+    pub gpus: Vec<devices::Gpu>,
 }
 
 /// Runs pods as local processes. See the [module documentation](self).
@@ -147,10 +166,13 @@ pub(crate) struct Shared {
     base_env: Vec<(OsString, OsString)>,
     reports: UnboundedSender<RunReport>,
     inner: Mutex<Inner>,
+    /// Bumped whenever GPUs are freed: pods waiting for them try again.
+    devices_freed: tokio::sync::watch::Sender<u64>,
 }
 
 struct Inner {
     ledger: Ledger,
+    devices: devices::DevicePool,
     runs: BTreeMap<RunKey, RunEntry>,
     images_noted: bool,
 }
@@ -220,7 +242,14 @@ const ORPHANS_GONE_WITHIN: Duration = Duration::from_secs(10);
 /// kept as they were (their logs stay readable); every other run's
 /// processes that still live killed (their process groups, SIGKILL) and
 /// waited for, and the run kept as lost, never restarted here.
-fn recover(work_dir: &std::path::Path, sandbox: &Arc<Sandbox>) -> BTreeMap<RunKey, RunEntry> {
+///
+/// The GPUs of a pod whose processes outlive SIGKILL stay held in `pool`
+/// (and in the record): they may still be in use.
+fn recover(
+    work_dir: &std::path::Path,
+    sandbox: &Arc<Sandbox>,
+    pool: &mut devices::DevicePool,
+) -> BTreeMap<RunKey, RunEntry> {
     let mut runs = BTreeMap::new();
     for file in records::load(work_dir) {
         let record = file.get();
@@ -257,6 +286,7 @@ fn recover(work_dir: &std::path::Path, sandbox: &Arc<Sandbox>) -> BTreeMap<RunKe
                 .filter(|p| records::alive(p))
                 .count();
             let left = records::kill_and_wait(&record.processes, ORPHANS_GONE_WITHIN);
+            let survivors = hold_survivors(pool, &record, &left);
             if let Some(cgroups) = sandbox.cgroups() {
                 record
                     .processes
@@ -281,6 +311,7 @@ fn recover(work_dir: &std::path::Path, sandbox: &Arc<Sandbox>) -> BTreeMap<RunKe
             if let Err(err) = file.update(|r| {
                 r.lost = Some(reason.to_owned());
                 r.processes.clear();
+                r.devices.retain(|pod, _| survivors.contains(pod));
             }) {
                 tracing::warn!(run = %key.run_id, %err, "could not write a lost run's record");
             }
@@ -303,6 +334,28 @@ fn recover(work_dir: &std::path::Path, sandbox: &Arc<Sandbox>) -> BTreeMap<RunKe
         );
     }
     runs
+}
+
+/// Holds in `pool` the GPUs of the pods of `record` whose processes
+/// (`left`, pids) are still alive; their uids.
+fn hold_survivors(
+    pool: &mut devices::DevicePool,
+    record: &RunRecord,
+    left: &[u32],
+) -> BTreeSet<String> {
+    let survivors: BTreeSet<String> = record
+        .processes
+        .iter()
+        .filter(|p| left.contains(&p.pid))
+        .map(|p| p.pod.clone())
+        .collect();
+    for pod in &survivors {
+        if let Some(held) = record.devices.get(pod) {
+            tracing::error!(pod, devices = ?held, "GPUs of a process that outlived SIGKILL stay held");
+            pool.hold(pod, held);
+        }
+    }
+    survivors
 }
 
 struct PodFiles {
@@ -352,7 +405,9 @@ impl ProcessBackend {
             base_env.push((OsString::from("HOME"), home));
         }
         let ledger = Ledger::new(config.capacity.clone());
-        let runs = recover(&config.work_dir, &sandbox);
+        let mut pool =
+            devices::DevicePool::new(config.gpus.iter().map(|g| g.uuid.clone()).collect());
+        let runs = recover(&config.work_dir, &sandbox, &mut pool);
         Ok(Arc::new(Self {
             starting: tokio::sync::Mutex::new(()),
             shared: Arc::new(Shared {
@@ -363,9 +418,11 @@ impl ProcessBackend {
                 reports,
                 inner: Mutex::new(Inner {
                     ledger,
+                    devices: pool,
                     runs,
                     images_noted: false,
                 }),
+                devices_freed: tokio::sync::watch::Sender::new(0),
             }),
         }))
     }
@@ -571,6 +628,7 @@ impl Backend for ProcessBackend {
                     status: None,
                     pods: Vec::new(),
                     pod_files: Vec::new(),
+                    devices: BTreeMap::new(),
                 };
                 // Before anything starts: an agent killed from here on
                 // leaves a record that its successor acts on.

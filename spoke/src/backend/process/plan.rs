@@ -728,6 +728,9 @@ pub struct ResolveContext<'a> {
     pub node_name: &'a str,
     /// Env given to every container that does not set the name itself.
     pub extra_env: &'a [(String, String)],
+    /// The spoke's capacity (milli-units): what a `resourceFieldRef` to an
+    /// unset limit reads, as kubelet reads the node's allocatable.
+    pub allocatable: Option<&'a BTreeMap<String, i64>>,
 }
 
 /// A container ready to run as a process.
@@ -942,7 +945,7 @@ impl RunPlan {
         }
         for var in &c.env {
             let value = match (&var.value, &var.value_from) {
-                (_, Some(source)) => match self.env_source(source, pod) {
+                (_, Some(source)) => match self.env_source(source, pod, c, ctx) {
                     Ok(Some(v)) => v,
                     Ok(None) => continue,
                     Err(why) => return Err(format!("{what}: env {:?}: {why}", var.name)),
@@ -997,6 +1000,8 @@ impl RunPlan {
         &self,
         source: &EnvVarSource,
         pod: &PodFields<'_>,
+        c: &Container,
+        ctx: &ResolveContext<'_>,
     ) -> Result<Option<String>, String> {
         if let Some(field) = &source.field_ref {
             return pod.field(&field.field_path).map(Some);
@@ -1016,10 +1021,8 @@ impl RunPlan {
                 )),
             };
         }
-        if source.resource_field_ref.is_some() {
-            return Err(
-                "valueFrom.resourceFieldRef is not supported by the process backend".into(),
-            );
+        if let Some(selector) = &source.resource_field_ref {
+            return resource_field(selector, c, ctx.allocatable).map(Some);
         }
         Err("valueFrom has no source the process backend supports (fieldRef, configMapKeyRef, secretKeyRef)".into())
     }
@@ -1086,6 +1089,57 @@ impl RunPlan {
         }
         Ok(files)
     }
+}
+
+/// A `resourceFieldRef` (`limits.cpu`, `requests.memory`, …) of container
+/// `c` as kubelet resolves it: the quantity divided by `divisor` (default
+/// 1), rounded up; an unset limit reads the spoke's capacity, an unset
+/// request the limit, else 0.
+fn resource_field(
+    selector: &Value,
+    c: &Container,
+    allocatable: Option<&BTreeMap<String, i64>>,
+) -> Result<String, String> {
+    let what = "valueFrom.resourceFieldRef";
+    if let Some(other) = selector["containerName"].as_str().filter(|n| *n != c.name) {
+        return Err(format!(
+            "{what}.containerName {other:?}: the process backend reads only the container's own resources"
+        ));
+    }
+    let resource = selector["resource"].as_str().unwrap_or_default();
+    let Some((kind, name)) = resource.split_once('.') else {
+        return Err(format!(
+            "{what}.resource {resource:?} is not limits.<name> or requests.<name>"
+        ));
+    };
+    let quantity = |map: &BTreeMap<String, Value>| -> Result<Option<i64>, String> {
+        map.get(name)
+            .map(|v| match v {
+                Value::String(s) => parse_quantity_milli(s),
+                other => parse_quantity_milli(&other.to_string()),
+            })
+            .transpose()
+            .map_err(|e| format!("{what}: resources.{kind}.{name}: {e}"))
+    };
+    let limit = quantity(&c.resources.limits)?;
+    let milli = match kind {
+        "limits" => limit.or_else(|| allocatable.and_then(|a| a.get(name).copied())),
+        "requests" => Some(quantity(&c.resources.requests)?.or(limit).unwrap_or(0)),
+        _ => None,
+    }
+    .ok_or_else(|| format!("{what}.resource {resource:?}: no limit and no capacity of {name}"))?;
+    let divisor = match &selector["divisor"] {
+        Value::Null => 1000,
+        Value::String(s) => parse_quantity_milli(s).map_err(|e| format!("{what}.divisor: {e}"))?,
+        other => {
+            parse_quantity_milli(&other.to_string()).map_err(|e| format!("{what}.divisor: {e}"))?
+        }
+    };
+    let Some(divisor) = u64::try_from(divisor).ok().filter(|d| *d > 0) else {
+        return Err(format!("{what}.divisor must be positive"));
+    };
+    let milli = u64::try_from(milli).unwrap_or(0);
+    Ok(milli.div_ceil(divisor).to_string())
 }
 
 fn safe_relative(path: &str) -> bool {
@@ -1293,6 +1347,54 @@ mod tests {
     }
 
     #[test]
+    fn resource_field_refs_read_as_kubelet_reads_them() {
+        let c: Container = serde_json::from_value(json!({"name": "c", "resources": {
+            "limits": {"cpu": "1500m", "memory": "1Gi"},
+            "requests": {"cpu": "500m"}}}))
+        .unwrap();
+        let capacity = BTreeMap::from([("cpu".to_owned(), 8000), ("ephemeral-storage".into(), 0)]);
+        let read = |selector: Value| resource_field(&selector, &c, Some(&capacity));
+        let ok = |resource: &str, divisor: Value| {
+            read(json!({"resource": resource, "divisor": divisor})).unwrap()
+        };
+        assert_eq!(ok("limits.cpu", Value::Null), "2", "rounded up");
+        assert_eq!(ok("limits.cpu", json!("1m")), "1500");
+        assert_eq!(ok("limits.memory", json!("1Mi")), "1024");
+        assert_eq!(ok("requests.cpu", json!("1m")), "500");
+        assert_eq!(
+            ok("requests.memory", Value::Null),
+            "1073741824",
+            "the limit"
+        );
+        assert_eq!(ok("requests.ephemeral-storage", Value::Null), "0");
+        assert_eq!(ok("limits.ephemeral-storage", Value::Null), "0");
+        let bare = Container::default();
+        let cpu = resource_field(&json!({"resource": "limits.cpu"}), &bare, Some(&capacity));
+        assert_eq!(cpu.unwrap(), "8", "an unset limit reads the capacity");
+        for (selector, why) in [
+            (
+                json!({"resource": "limits.hugepages-2Mi"}),
+                "no limit and no capacity",
+            ),
+            (json!({"resource": "cpu"}), "is not limits.<name>"),
+            (json!({"resource": "spec.cpu"}), "no limit and no capacity"),
+            (
+                json!({"resource": "limits.cpu", "divisor": "0"}),
+                "must be positive",
+            ),
+            (json!({"resource": "limits.cpu", "divisor": "x"}), "divisor"),
+            (
+                json!({"resource": "limits.cpu", "containerName": "d"}),
+                "own resources",
+            ),
+            (json!({}), "is not limits"),
+        ] {
+            let err = read(selector.clone()).unwrap_err();
+            assert!(err.contains(why), "{selector}: {err}");
+        }
+    }
+
+    #[test]
     fn resolves_env_rewrites_endpoints_and_writes_volumes() {
         let plan = plan_run("team", "j", &objects()).unwrap();
         let ports = [(29500, 41000u16)].into();
@@ -1304,6 +1406,7 @@ mod tests {
             endpoints: plan.endpoints(&ports),
             node_name: "box",
             extra_env: &extra,
+            allocatable: None,
         };
         let id = PodIdentity {
             name: "j-node-0-1-abcde".into(),

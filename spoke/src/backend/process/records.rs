@@ -6,7 +6,7 @@
 //! process's start time from `/proc/<pid>/stat`, so a pid the kernel has
 //! since given to another process is never mistaken for it), plus, once the
 //! run has finished, its last report and pod files (its logs stay
-//! readable). A record is written atomically (temp file, fsync, rename,
+//! readable), and the GPUs each pod holds. A record is written atomically (temp file, fsync, rename,
 //! fsync of the directory) when the run is created, after every process it
 //! starts, when it finishes and when it is lost; it is removed when the run
 //! is stopped.
@@ -17,9 +17,10 @@
 //! agent are not its children: it cannot wait for them or read their exit
 //! status, so it never adopts them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -72,6 +73,9 @@ pub struct RunRecord {
     pub pods: Vec<Value>,
     #[serde(default)]
     pub pod_files: Vec<PodRecord>,
+    /// Pod uid → the GPUs (UUIDs) it holds while its processes may run.
+    #[serde(default)]
+    pub devices: BTreeMap<String, Vec<String>>,
 }
 
 impl RunRecord {
@@ -88,6 +92,9 @@ impl RunRecord {
 pub struct RecordFile {
     path: PathBuf,
     record: Mutex<RunRecord>,
+    /// Removed: later updates write nothing (a pod ending after its run
+    /// was stopped must not bring the file back).
+    removed: AtomicBool,
 }
 
 /// A file name for a run: the run id with anything but `[A-Za-z0-9-]`
@@ -121,12 +128,13 @@ impl RecordFile {
         let file = RecordFile {
             path: dir.join(file_name(&record.key())),
             record: Mutex::new(record),
+            removed: AtomicBool::new(false),
         };
         file.save()?;
         Ok(file)
     }
 
-    /// Changes the record and writes it.
+    /// Changes the record and writes it; once removed, writes nothing.
     ///
     /// # Errors
     ///
@@ -134,6 +142,9 @@ impl RecordFile {
     pub fn update(&self, change: impl FnOnce(&mut RunRecord)) -> std::io::Result<()> {
         let mut record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
         change(&mut record);
+        if self.removed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         write_atomically(&self.path, &record)
     }
 
@@ -144,6 +155,9 @@ impl RecordFile {
 
     /// Removes the file (the run was stopped).
     pub fn remove(&self) {
+        // Under the record's lock: no update is writing meanwhile.
+        let _record = self.record.lock().unwrap_or_else(PoisonError::into_inner);
+        self.removed.store(true, Ordering::SeqCst);
         match std::fs::remove_file(&self.path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -191,6 +205,7 @@ pub fn load(work_dir: &Path) -> Vec<RecordFile> {
             Ok(record) => out.push(RecordFile {
                 path,
                 record: Mutex::new(record),
+                removed: AtomicBool::new(false),
             }),
             Err(e) => {
                 tracing::error!(path = %path.display(), error = %e, "cannot read a run record; its processes (if any) are not killed");
@@ -270,6 +285,7 @@ mod tests {
             status: None,
             pods: Vec::new(),
             pod_files: Vec::new(),
+            devices: BTreeMap::new(),
         }
     }
 
@@ -301,6 +317,14 @@ mod tests {
         assert_eq!(loaded[0].get().processes[0].pid, 7);
         file.remove();
         assert!(load(dir.path()).is_empty());
+        file.update(|r| {
+            r.devices.remove("p");
+        })
+        .unwrap();
+        assert!(
+            load(dir.path()).is_empty(),
+            "an update after the removal (a pod's GPUs freed after its run was stopped) writes nothing"
+        );
     }
 
     #[test]

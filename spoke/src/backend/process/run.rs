@@ -16,6 +16,7 @@ use rand::Rng as _;
 use tokio::sync::mpsc;
 
 use super::Shared;
+use super::devices::{GPU_RESOURCE, gpus_requested, visible_env};
 use super::plan::{PodIdentity, Process, ResolveContext, RunPlan};
 use super::records::{ProcessRecord, RecordFile};
 use super::rewrite::Endpoints;
@@ -52,6 +53,11 @@ impl Procs {
             record,
             inner: Mutex::default(),
         }
+    }
+
+    /// The run's record, where a pod's GPUs are written down.
+    fn record(&self) -> Option<&Arc<RecordFile>> {
+        self.record.as_ref()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ProcsInner> {
@@ -246,6 +252,100 @@ pub(super) fn fresh_identity() -> (String, String) {
     (suffix, uid)
 }
 
+/// The GPUs a pod holds while its processes may run. Dropped (the pod's
+/// task ended, or the pod never started), they are free again, out of the
+/// run's record, and pods waiting for GPUs try again.
+pub(super) struct DeviceLease {
+    shared: Arc<Shared>,
+    record: Option<Arc<RecordFile>>,
+    pod: String,
+    devices: Vec<String>,
+    /// The spoke manages GPUs: the pod gets the device env.
+    managed: bool,
+}
+
+impl DeviceLease {
+    /// `count` GPUs for pod `pod`: Ok(None) while too few are free.
+    ///
+    /// # Errors
+    ///
+    /// The spoke has fewer GPUs than `count`: the pod can never run.
+    fn take(
+        shared: &Arc<Shared>,
+        record: Option<&Arc<RecordFile>>,
+        pod: &str,
+        count: usize,
+    ) -> Result<Option<Self>, String> {
+        let mut inner = shared.lock();
+        let pool = &mut inner.devices;
+        let managed = !pool.is_empty();
+        if managed && count > pool.len() {
+            return Err(format!(
+                "the pod requests {count} {GPU_RESOURCE} and this spoke has {}",
+                pool.len()
+            ));
+        }
+        let devices = if managed {
+            match pool.assign(pod, count) {
+                Some(devices) => devices,
+                None => return Ok(None),
+            }
+        } else {
+            Vec::new()
+        };
+        drop(inner);
+        let lease = DeviceLease {
+            shared: Arc::clone(shared),
+            record: record.cloned(),
+            pod: pod.to_owned(),
+            devices,
+            managed,
+        };
+        lease.write_down();
+        Ok(Some(lease))
+    }
+
+    fn write_down(&self) {
+        let (Some(record), false) = (&self.record, self.devices.is_empty()) else {
+            return;
+        };
+        let written = record.update(|r| {
+            r.devices.insert(self.pod.clone(), self.devices.clone());
+        });
+        if let Err(err) = written {
+            tracing::warn!(pod = %self.pod, %err, "could not write a pod's GPUs to its run record");
+        }
+    }
+
+    /// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES`, when the spoke
+    /// manages GPUs.
+    fn env(&self) -> Vec<(OsString, OsString)> {
+        if self.managed {
+            visible_env(&self.devices)
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl Drop for DeviceLease {
+    fn drop(&mut self) {
+        if !self.shared.lock().devices.release(&self.pod) {
+            return;
+        }
+        if let Some(record) = &self.record
+            && let Err(err) = record.update(|r| {
+                r.devices.remove(&self.pod);
+            })
+        {
+            tracing::warn!(pod = %self.pod, %err, "could not remove a pod's GPUs from its run record");
+        }
+        self.shared
+            .devices_freed
+            .send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
 /// One free local port per declared container port.
 fn pick_ports(declared: &BTreeSet<i32>) -> std::io::Result<BTreeMap<i32, u16>> {
     // Keep every listener open until all are picked, so the ports differ.
@@ -278,6 +378,7 @@ pub(super) async fn supervise(ctx: RunContext) {
     let mut state = RunState::new(Arc::clone(&ctx.plan), Timestamp::now(), &mut fresh);
     let mut attempt = -1;
     let mut endpoints = Endpoints::default();
+    let mut freed = ctx.shared.devices_freed.subscribe();
     loop {
         let kill = state.evaluate(Timestamp::now(), &mut fresh);
         ctx.procs.kill_pods(&kill);
@@ -290,27 +391,79 @@ pub(super) async fn supervise(ctx: RunContext) {
             });
             endpoints = ctx.plan.endpoints(&ports);
         }
+        freed.borrow_and_update();
+        let mut waiting = false;
         for i in state.to_launch() {
-            launch(&ctx, &state, i, &endpoints, &events).await;
+            match lease_devices(&ctx, &mut state, i) {
+                Ok(Some(lease)) => launch(&ctx, &state, i, lease, &endpoints, &events).await,
+                Ok(None) => waiting = true,
+                Err(message) => cannot_run(&state, i, message, &events),
+            }
         }
         ctx.shared.observe(&ctx.key, &state, &ctx.dir);
         if state.terminal_state().is_some() {
             return;
         }
-        let Some(event) = rx.recv().await else { return };
-        state.apply(event);
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(event) => { state.apply(event); }
+                None => return,
+            },
+            _ = freed.changed(), if waiting => {}
+        }
         while let Ok(event) = rx.try_recv() {
             state.apply(event);
         }
     }
 }
 
-/// Starts pod `i`: its directory, volume files and a task running its
-/// containers. A pod that cannot be resolved fails with the reason.
+/// The GPUs pod `i` requests, now its (and in its state); Ok(None) when it
+/// must wait for them (it is handed out again later).
+fn lease_devices(
+    ctx: &RunContext,
+    state: &mut RunState,
+    i: usize,
+) -> Result<Option<DeviceLease>, String> {
+    let Some(pod) = state.pods().get(i) else {
+        return Ok(None);
+    };
+    let count = ctx
+        .plan
+        .replicated_jobs
+        .get(pod.rjob)
+        .map_or(0, |r| gpus_requested(&r.requests_milli));
+    let lease = DeviceLease::take(&ctx.shared, ctx.procs.record(), &pod.uid, count)?;
+    match &lease {
+        Some(lease) => state.set_devices(i, lease.devices.clone()),
+        None => state.hold_back(i),
+    }
+    Ok(lease)
+}
+
+/// Pod `i` fails with `message` without starting.
+fn cannot_run(
+    state: &RunState,
+    i: usize,
+    message: String,
+    events: &mpsc::UnboundedSender<PodEvent>,
+) {
+    if let Some(pod) = state.pods().get(i) {
+        let _ = events.send(PodEvent::CannotRun {
+            uid: pod.uid.clone(),
+            message,
+            at: Timestamp::now(),
+        });
+    }
+}
+
+/// Starts pod `i`, holding `lease`: its directory, volume files and a task
+/// running its containers. A pod that cannot be resolved fails with the
+/// reason.
 async fn launch(
     ctx: &RunContext,
     state: &RunState,
     i: usize,
+    lease: DeviceLease,
     endpoints: &Endpoints,
     events: &mpsc::UnboundedSender<PodEvent>,
 ) {
@@ -326,6 +479,7 @@ async fn launch(
         endpoints: endpoints.clone(),
         node_name: &ctx.shared.node_name,
         extra_env: &ctx.extra_env,
+        allocatable: Some(&ctx.shared.config.capacity),
     };
     let dir = ctx.dir.join(&pod.name);
     let prepared = match ctx
@@ -339,20 +493,17 @@ async fn launch(
             .map_err(|err| format!("cannot prepare the pod directory {}: {err}", dir.display())),
     };
     match prepared {
-        Err(message) => {
-            let _ = events.send(PodEvent::CannotRun {
-                uid: id.uid,
-                message,
-                at: Timestamp::now(),
-            });
-        }
+        Err(message) => cannot_run(state, i, message, events),
         Ok(resolved) => {
-            let mut base_env = ctx.shared.base_env.clone();
-            if ctx.uid.is_some() {
-                // The spoke's home is not the run's: its own directory is.
-                base_env.retain(|(k, _)| k != "HOME");
-                base_env.push(("HOME".into(), dir.clone().into_os_string()));
-            }
+            let spec = ctx
+                .plan
+                .pod_spec(pod.rjob, pod.job_index, pod.index, &ctx.shared.node_name);
+            let base_env = pod_base_env(
+                &ctx.shared.base_env,
+                ctx.uid.is_some().then_some(dir.as_path()),
+                &pod_hostname(&spec, &pod.name),
+                lease.env(),
+            );
             let task = PodTask {
                 uid: id.uid,
                 dir,
@@ -362,9 +513,43 @@ async fn launch(
                 procs: Arc::clone(&ctx.procs),
                 events: events.clone(),
             };
-            tokio::spawn(task.run(resolved.init, resolved.main));
+            tokio::spawn(async move {
+                task.run(resolved.init, resolved.main).await;
+                drop(lease);
+            });
         }
     }
+}
+
+/// The host name kubelet gives a pod: its `spec.hostname`, else its name,
+/// cut to 63 characters without a trailing `-` or `.`.
+pub(super) fn pod_hostname(spec: &serde_json::Value, pod_name: &str) -> String {
+    let name = spec["hostname"]
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .unwrap_or(pod_name);
+    let cut: String = name.chars().take(63).collect();
+    cut.trim_end_matches(['-', '.']).to_owned()
+}
+
+/// What every container of a pod gets before its own env (which wins, as
+/// a container's env wins over what its runtime sets): the spoke's `PATH`
+/// and `HOME` (`home` instead when the run has its own uid: the spoke's
+/// home is not the run's), `HOSTNAME`, and the GPU env.
+fn pod_base_env(
+    spoke: &[(OsString, OsString)],
+    home: Option<&Path>,
+    hostname: &str,
+    devices: Vec<(OsString, OsString)>,
+) -> Vec<(OsString, OsString)> {
+    let mut env = spoke.to_vec();
+    if let Some(home) = home {
+        env.retain(|(k, _)| k != "HOME");
+        env.push(("HOME".into(), home.as_os_str().to_owned()));
+    }
+    env.push(("HOSTNAME".into(), hostname.into()));
+    env.extend(devices);
+    env
 }
 
 /// The pod's directory with its volume files; the directory is the run
@@ -545,6 +730,44 @@ mod tests {
         assert_eq!(&uid[14..15], "4");
         assert!(matches!(&uid[19..20], "8" | "9" | "a" | "b"), "{uid}");
         assert_ne!(fresh_identity(), fresh_identity());
+    }
+
+    #[test]
+    fn the_hostname_is_the_specs_else_the_pod_name_cut_as_kubelet_does() {
+        let spec = serde_json::json!({"hostname": "j-node-0-1", "subdomain": "j"});
+        assert_eq!(pod_hostname(&spec, "j-node-0-1-x7k2p"), "j-node-0-1");
+        let none = serde_json::json!({"containers": []});
+        assert_eq!(pod_hostname(&none, "j-node-0-1-x7k2p"), "j-node-0-1-x7k2p");
+        let long = format!("{}-b", "a".repeat(62));
+        assert_eq!(
+            pod_hostname(&serde_json::json!({"hostname": ""}), &long),
+            "a".repeat(62),
+            "63 characters, the trailing '-' dropped"
+        );
+    }
+
+    #[test]
+    fn a_pod_env_has_its_hostname_and_gpus_and_its_own_home() {
+        let spoke: Vec<(OsString, OsString)> = vec![
+            ("PATH".into(), "/bin".into()),
+            ("HOME".into(), "/root".into()),
+        ];
+        let devices = visible_env(&["GPU-a".to_owned()]);
+        let env = pod_base_env(&spoke, Some(Path::new("/w/p")), "j-node-0-0", devices);
+        let get = |k: &str| {
+            env.iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.to_string_lossy().into_owned())
+        };
+        assert_eq!(get("HOSTNAME").as_deref(), Some("j-node-0-0"));
+        assert_eq!(get("HOME").as_deref(), Some("/w/p"));
+        assert_eq!(get("PATH").as_deref(), Some("/bin"));
+        assert_eq!(get("CUDA_VISIBLE_DEVICES").as_deref(), Some("GPU-a"));
+        assert_eq!(get("NVIDIA_VISIBLE_DEVICES").as_deref(), Some("GPU-a"));
+        let cpu_only = pod_base_env(&spoke, None, "h", visible_env(&[]));
+        assert!(cpu_only.contains(&("CUDA_VISIBLE_DEVICES".into(), "".into())));
+        assert!(cpu_only.contains(&("NVIDIA_VISIBLE_DEVICES".into(), "void".into())));
+        assert!(cpu_only.contains(&("HOME".into(), "/root".into())));
     }
 
     #[test]

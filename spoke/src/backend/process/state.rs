@@ -9,6 +9,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
+use super::devices::DEVICES_ANNOTATION;
 use super::plan::{DependsOnStatus, FailureAction, RunPlan};
 use super::rewrite::LOCAL_IP;
 
@@ -188,6 +189,8 @@ pub struct Pod {
     pub main: Vec<ContainerState>,
     pub reason: Option<String>,
     pub message: Option<String>,
+    /// The GPUs (UUIDs) it holds, shown as [`DEVICES_ANNOTATION`].
+    pub devices: Vec<String>,
     /// Its failure was counted towards the Job's backoff limit.
     counted: bool,
 }
@@ -336,6 +339,7 @@ impl RunState {
             main: r.containers.iter().map(|_| waiting(main_reason)).collect(),
             reason: None,
             message: None,
+            devices: Vec::new(),
             counted: false,
         });
     }
@@ -389,6 +393,21 @@ impl RunState {
             out.push(i);
         }
         out
+    }
+
+    /// Pod `i`, handed out by [`Self::to_launch`], waits (for its GPUs):
+    /// the next call hands it out again.
+    pub fn hold_back(&mut self, i: usize) {
+        if let Some(pod) = self.pods.get_mut(i) {
+            pod.launched = false;
+        }
+    }
+
+    /// Pod `i` holds `devices`.
+    pub fn set_devices(&mut self, i: usize, devices: Vec<String>) {
+        if let Some(pod) = self.pods.get_mut(i) {
+            pod.devices = devices;
+        }
     }
 
     fn dependencies_met(&self, rjob: usize, counts: &[Counts]) -> bool {
@@ -729,7 +748,11 @@ impl RunState {
     fn pod_json(&self, pod: &Pod, node: &str) -> Value {
         let plan = &self.plan;
         let r = &plan.replicated_jobs[pod.rjob];
-        let (labels, annotations) = plan.pod_meta(pod.rjob, pod.job_index, pod.index, pod.restarts);
+        let (labels, mut annotations) =
+            plan.pod_meta(pod.rjob, pod.job_index, pod.index, pod.restarts);
+        if !pod.devices.is_empty() {
+            annotations.insert(DEVICES_ANNOTATION.to_owned(), pod.devices.join(","));
+        }
         let statuses =
             |containers: &[super::plan::Container], states: &[ContainerState]| -> Vec<Value> {
                 containers
@@ -870,6 +893,27 @@ mod tests {
         fn status(&self) -> Value {
             self.state.status_json()
         }
+    }
+
+    #[test]
+    fn a_pod_held_back_for_gpus_is_handed_out_again_and_shows_its_devices() {
+        let mut run = Run::new(jobset(json!({}), json!([rjob("node", 2, 0, json!([]))])));
+        assert_eq!(run.state.to_launch(), vec![0, 1]);
+        run.state.hold_back(1);
+        let scheduled = |run: &Run, i: usize| {
+            run.state.pods_json("n")[i]["status"]["conditions"][0]["status"].clone()
+        };
+        assert_eq!(scheduled(&run, 1), "False");
+        run.state
+            .set_devices(0, vec!["GPU-a".into(), "GPU-b".into()]);
+        let pods = run.state.pods_json("n");
+        assert_eq!(
+            pods[0]["metadata"]["annotations"][DEVICES_ANNOTATION],
+            "GPU-a,GPU-b"
+        );
+        assert!(pods[1]["metadata"]["annotations"][DEVICES_ANNOTATION].is_null());
+        assert_eq!(run.state.to_launch(), vec![1]);
+        assert_eq!(scheduled(&run, 1), "True");
     }
 
     #[test]
