@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Built-in plugins, embedded in the hub in this order.
-const BUILTINS: [&str; 9] = [
+const BUILTINS: [&str; 10] = [
     "jobset",
     "torch",
     "mpi",
@@ -15,6 +15,7 @@ const BUILTINS: [&str; 9] = [
     "python",
     "jax",
     "xgboost",
+    "flux",
     "coscheduling",
     "volcano",
 ];

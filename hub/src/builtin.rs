@@ -1,5 +1,5 @@
 //! The built-in plugins: jobset, torch, mpi, plainml, python, jax,
-//! xgboost, coscheduling and volcano. They are wasm components like any admin's
+//! xgboost, flux, coscheduling and volcano. They are wasm components like any admin's
 //! plugin, built from `plugins/` by the hub's build script and embedded in
 //! the binary; their logic is also linked natively, for benchmarks.
 
@@ -48,6 +48,7 @@ pub fn native() -> Vec<Arc<dyn PhasePlugin>> {
         Arc::new(NativePlugin::<b::python::Python>::new(&settings)),
         Arc::new(NativePlugin::<b::jax::Jax>::new(&settings)),
         Arc::new(NativePlugin::<b::xgboost::Xgboost>::new(&settings)),
+        Arc::new(NativePlugin::<b::flux::Flux>::new(&settings)),
         Arc::new(NativePlugin::<b::coscheduling::Coscheduling>::new(
             &settings,
         )),

@@ -37,6 +37,10 @@ pub const BUILTIN_RUNTIMES: &[(&str, &str)] = &[
         "llama3-2-1B.yaml",
         include_str!("../../manifests/runtimes/llama3-2-1B.yaml"),
     ),
+    (
+        "flux-distributed.yaml",
+        include_str!("../../manifests/runtimes/flux-distributed.yaml"),
+    ),
 ];
 
 /// Why rendering failed.

@@ -294,6 +294,58 @@ pub const MPI_HOSTFILE_DIR: &str = "/etc/mpi";
 /// Key of the hostfile in the MPI hostfile ConfigMap, and its file name under [`MPI_HOSTFILE_DIR`].
 pub const MPI_HOSTFILE_NAME: &str = "hostfile";
 
+// ----- Flux objects -----
+
+/// Image of the Flux installer init container: a Spack view with Flux built in, copied into the
+/// pod's shared volume. Overridden by the trainer's `FLUX_VIEW_IMAGE` env.
+pub const FLUX_INSTALLER_IMAGE: &str = "ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy";
+
+/// Network device the Flux brokers bind to. Overridden by the trainer's `FLUX_NETWORK_DEVICE` env.
+pub const FLUX_NETWORK_DEVICE: &str = "eth0";
+
+/// Queue policy of Flux's scheduler (first come, first served). Overridden by the trainer's
+/// `FLUX_QUEUE_POLICY` env.
+pub const FLUX_QUEUE_POLICY: &str = "fcfs";
+
+/// Trainer env naming the installer image, and the two broker settings it may override.
+pub const FLUX_ENV_VIEW_IMAGE: &str = "FLUX_VIEW_IMAGE";
+pub const FLUX_ENV_NETWORK_DEVICE: &str = "FLUX_NETWORK_DEVICE";
+pub const FLUX_ENV_QUEUE_POLICY: &str = "FLUX_QUEUE_POLICY";
+
+/// Name of the init container that installs Flux; reserved in a Flux runtime's `node` job.
+pub const FLUX_INSTALLER_CONTAINER_NAME: &str = "flux-installer";
+
+/// emptyDir volume Flux is installed into, and where it is mounted.
+pub const FLUX_INSTALL_VOLUME_NAME: &str = "flux-install";
+pub const FLUX_VOLUME_PATH: &str = "/mnt/flux";
+
+/// Where the Flux ConfigMap (named `<trainjob>` + [`FLUX_CONFIGMAP_SUFFIX`]) is mounted.
+/// Upstream calls this constant `FluxConfigVolumeName`.
+pub const FLUX_CONFIG_DIR: &str = "/etc/flux-config";
+
+/// Secret volume holding the CURVE certificate, and where it is mounted.
+pub const FLUX_CURVE_VOLUME_NAME: &str = "flux-curve";
+pub const FLUX_CURVE_VOLUME_PATH: &str = "/curve";
+
+/// In-memory emptyDir volume mounted at `/dev/shm`, so that MPI gets the host's shared memory.
+pub const FLUX_MEMORY_VOLUME_NAME: &str = "shared-memory";
+pub const FLUX_MEMORY_VOLUME_PATH: &str = "/dev/shm";
+
+/// emptyDir volume for the Spack view's software tree, and where the trainer mounts it.
+pub const FLUX_SPACK_VIEW_VOLUME_NAME: &str = "spack-install";
+pub const FLUX_SPACK_VIEW_VOLUME_PATH: &str = "/opt/software";
+
+/// Name suffix of the ConfigMap with the installer's and the trainer's scripts.
+pub const FLUX_CONFIGMAP_SUFFIX: &str = "-flux-entrypoint";
+
+/// Keys of the Flux ConfigMap: the trainer's entrypoint and the installer's script.
+pub const FLUX_ENTRYPOINT_KEY: &str = "entrypoint.sh";
+pub const FLUX_INIT_KEY: &str = "init.sh";
+
+/// Name suffix of the Secret with the CURVE certificate, and its key.
+pub const FLUX_CURVE_SECRET_SUFFIX: &str = "-flux-curve";
+pub const FLUX_CURVE_CERT_KEY: &str = "curve.cert";
+
 #[cfg(test)]
 mod tests {
     use super::*;

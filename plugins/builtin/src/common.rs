@@ -204,3 +204,35 @@ pub(crate) fn cpus(requests: &[Quantity], limits: &[Quantity]) -> Result<i128, F
 pub(crate) fn amount(q: &Quantity) -> Result<Amount, Failure> {
     Amount::parse(&q.value).map_err(|e| Failure::new(format!("resource {}: {e}", q.name)))
 }
+
+/// Adds `volume` to the pod set, replacing the volume of the same name in
+/// place (upstream's `apply.UpsertVolumes`).
+pub(crate) fn upsert_volume(set: &mut PodSet, volume: Volume) {
+    match set.volumes.iter_mut().find(|v| v.name == volume.name) {
+        Some(existing) => *existing = volume,
+        None => set.volumes.push(volume),
+    }
+}
+
+/// A mount of `volume` at `path`.
+pub(crate) fn mount(volume: &str, path: &str, read_only: Option<bool>) -> VolumeMount {
+    VolumeMount {
+        name: volume.to_string(),
+        mount_path: path.to_string(),
+        read_only,
+        sub_path: None,
+    }
+}
+
+/// Adds `mount` to the container, replacing the mount at the same path in
+/// place (upstream's `apply.UpsertVolumeMounts`).
+pub(crate) fn upsert_mount(container: &mut Container, mount: VolumeMount) {
+    match container
+        .volume_mounts
+        .iter_mut()
+        .find(|m| m.mount_path == mount.mount_path)
+    {
+        Some(existing) => *existing = mount,
+        None => container.volume_mounts.push(mount),
+    }
+}

@@ -17,6 +17,7 @@
 //! | [`python::Python`] | framework label `python` | validate, enforce ML policy |
 //! | [`jax::Jax`] | `mlPolicy.jax` | enforce ML policy |
 //! | [`xgboost::Xgboost`] | `mlPolicy.xgboost` | validate, enforce ML policy |
+//! | [`flux::Flux`] | `mlPolicy.flux` | validate, enforce ML policy, build (scripts ConfigMap, CURVE Secret) |
 //! | [`coscheduling::Coscheduling`] | `podGroupPolicy.coscheduling` | enforce pod-group policy, build (PodGroup) |
 //! | [`volcano::Volcano`] | `podGroupPolicy.volcano` | validate, enforce pod-group policy, build (PodGroup) |
 //!
@@ -42,6 +43,7 @@
 //! TrainJob it does not apply to changes nothing.
 
 pub mod coscheduling;
+pub mod flux;
 pub mod jax;
 pub mod jobset;
 pub mod mpi;

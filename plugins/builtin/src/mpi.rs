@@ -13,8 +13,8 @@ use trainhub_plugin_sdk::info;
 use trainhub_plugin_sdk::prelude::*;
 
 use crate::common::{
-    gpus, job_name, ml_policy, owned_metadata, pod_count, reserved_env_error, resources_per_node,
-    to_json,
+    gpus, job_name, ml_policy, mount, owned_metadata, pod_count, reserved_env_error,
+    resources_per_node, to_json, upsert_mount, upsert_volume,
 };
 use crate::ssh;
 
@@ -160,12 +160,18 @@ impl Plugin for Mpi {
                 .iter_mut()
                 .filter(|c| c.name == constants::NODE)
             {
-                upsert_mount(container, constants::MPI_SSH_AUTH_VOLUME_NAME, &mount_path);
+                upsert_mount(
+                    container,
+                    mount(constants::MPI_SSH_AUTH_VOLUME_NAME, &mount_path, None),
+                );
                 if launcher {
                     upsert_mount(
                         container,
-                        constants::MPI_HOSTFILE_VOLUME_NAME,
-                        constants::MPI_HOSTFILE_DIR,
+                        mount(
+                            constants::MPI_HOSTFILE_VOLUME_NAME,
+                            constants::MPI_HOSTFILE_DIR,
+                            None,
+                        ),
                     );
                     container.upsert_env(
                         constants::OPENMPI_ENV_HOSTFILE_LOCATION,
@@ -328,30 +334,5 @@ fn hostfile_volume(job: &str) -> Volume {
             ..Default::default()
         }),
         ..Default::default()
-    }
-}
-
-fn upsert_volume(set: &mut PodSet, volume: trainhub_plugin_sdk::Volume) {
-    match set.volumes.iter_mut().find(|v| v.name == volume.name) {
-        Some(existing) => *existing = volume,
-        None => set.volumes.push(volume),
-    }
-}
-
-/// Mounts `volume` at `path`, replacing a mount at the same path.
-fn upsert_mount(container: &mut Container, volume: &str, path: &str) {
-    let mount = VolumeMount {
-        name: volume.to_string(),
-        mount_path: path.to_string(),
-        read_only: None,
-        sub_path: None,
-    };
-    match container
-        .volume_mounts
-        .iter_mut()
-        .find(|m| m.mount_path == path)
-    {
-        Some(existing) => *existing = mount,
-        None => container.volume_mounts.push(mount),
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 use trainhub_builtin_plugins::{
-    coscheduling::Coscheduling, jax::Jax, jobset::JobSet, mpi::Mpi, plainml::PlainMl,
+    coscheduling::Coscheduling, flux::Flux, jax::Jax, jobset::JobSet, mpi::Mpi, plainml::PlainMl,
     python::Python, torch::Torch, volcano::Volcano, xgboost::Xgboost,
 };
 use trainhub_plugin_sdk::api::jobset::JobSetStatus;
@@ -63,6 +63,8 @@ fn ml_plugin(runtime: &Runtime) -> Box<dyn Phases> {
         Box::new(Harness::<Jax>::new())
     } else if policy.xgboost.is_some() {
         Box::new(Harness::<Xgboost>::new())
+    } else if policy.flux.is_some() {
+        Box::new(Harness::<Flux>::new())
     } else {
         Box::new(Harness::<PlainMl>::new())
     }
@@ -207,6 +209,18 @@ fn counts(rjob: &Value) -> (i64, i64) {
 
 fn pod_labels(rjob: &Value) -> &Value {
     &rjob["template"]["spec"]["template"]["metadata"]["labels"]
+}
+
+/// A Secret's `data[key]`, decoded as UTF-8 text.
+fn secret_text(secret: &Value, key: &str) -> String {
+    use base64::Engine as _;
+    let data = secret["data"][key].as_str().unwrap();
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 fn error_fields(validation: &Validation) -> Vec<&str> {
@@ -518,16 +532,7 @@ fn vector_c_openmpi_hostfile_secret_and_launcher_env() {
     assert_eq!(secret["metadata"]["name"], "test-job-mpi-ssh-auth");
     assert_eq!(secret["type"], "kubernetes.io/ssh-auth");
     assert_eq!(secret["immutable"], true);
-    let decode = |key: &str| {
-        use base64::Engine as _;
-        let data = secret["data"][key].as_str().unwrap();
-        String::from_utf8(
-            base64::engine::general_purpose::STANDARD
-                .decode(data)
-                .unwrap(),
-        )
-        .unwrap()
-    };
+    let decode = |key: &str| secret_text(secret, key);
     assert!(decode("ssh-privatekey").starts_with("-----BEGIN EC PRIVATE KEY-----\n"));
     assert!(decode("ssh-publickey").starts_with("ecdsa-sha2-nistp521 AAAA"));
 
@@ -746,6 +751,296 @@ fn python_sets_the_env_init_variables_and_port() {
     assert_eq!(env_value(node, "MASTER_ADDR"), "lr-node-0-0.lr");
     assert_eq!(env_value(node, "MASTER_PORT"), "29500");
     assert_eq!(node["ports"], json!([{"containerPort": 29500}]));
+}
+
+// ---------------------------------------------------------------------------
+// Vector E: Flux (upstream `runtime/framework/plugins/flux/flux.go` and its
+// `templates/init.sh`, `templates/entrypoint.sh`, `templates/broker.toml`;
+// runtime and TrainJob from `examples/flux/flux-runtime.yaml` and
+// `examples/flux/lammps-train-job.yaml`).
+
+fn flux_distributed() -> Runtime {
+    shipped_runtime("flux-distributed.yaml")
+}
+
+/// `examples/flux/lammps-train-job.yaml`, in the default namespace.
+fn lammps_job() -> TrainJob {
+    test_job(
+        "lammps-flux",
+        json!({
+            "runtimeRef": {"name": "flux-distributed", "kind": "ClusterTrainingRuntime"},
+            "trainer": {
+                "numNodes": 2,
+                "numProcPerNode": 4,
+                "image": "ghcr.io/converged-computing/metric-lammps:latest",
+                "command": ["lmp", "-v", "x", "4", "-v", "y", "4", "-v", "z", "4", "-in", "in.reaxc.hns", "-nocite"],
+                "env": [{"name": "FLUX_VIEW_IMAGE", "value": "ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy"}],
+            },
+        }),
+    )
+}
+
+fn data_text(object: &Value, key: &str) -> String {
+    object["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("no {key} in {object}"))
+        .to_string()
+}
+
+#[test]
+fn vector_e_flux_lammps_installer_volumes_and_wrapped_command() {
+    let runtime = flux_distributed();
+    let job = lammps_job();
+    assert!(validate(&job, &runtime).is_ok());
+    let objects = build(&job, &runtime);
+    assert_eq!(objects.len(), 3, "JobSet, ConfigMap, Secret");
+
+    let jobset = object(&objects, "JobSet");
+    let node_job = rjob(jobset, "node");
+    assert_eq!(counts(node_job), (2, 2));
+    let pod = &node_job["template"]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["initContainers"],
+        json!([{
+            "name": "flux-installer",
+            "image": "ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy",
+            "command": ["/bin/bash", "/etc/flux-config/init.sh"],
+            "volumeMounts": [
+                {"name": "flux-install", "mountPath": "/mnt/flux"},
+                {"name": "lammps-flux-flux-entrypoint", "mountPath": "/etc/flux-config", "readOnly": true},
+            ],
+        }])
+    );
+    assert_eq!(
+        pod["volumes"],
+        json!([
+            {"name": "spack-install", "emptyDir": {}},
+            {"name": "flux-install", "emptyDir": {}},
+            {"name": "lammps-flux-flux-entrypoint", "configMap": {"name": "lammps-flux-flux-entrypoint", "defaultMode": 493}},
+            {"name": "shared-memory", "emptyDir": {"medium": "Memory"}},
+            {"name": "flux-curve", "secret": {"secretName": "lammps-flux-flux-curve", "defaultMode": 256}},
+        ])
+    );
+    let node = container(node_job, "node");
+    assert_eq!(
+        node["image"],
+        "ghcr.io/converged-computing/metric-lammps:latest"
+    );
+    assert_eq!(
+        node["command"],
+        json!([
+            "/bin/bash",
+            "/etc/flux-config/entrypoint.sh",
+            "lmp -v x 4 -v y 4 -v z 4 -in in.reaxc.hns -nocite",
+        ])
+    );
+    assert!(node.get("args").is_none());
+    assert_eq!(
+        node["volumeMounts"],
+        json!([
+            {"name": "flux-install", "mountPath": "/mnt/flux"},
+            {"name": "spack-install", "mountPath": "/opt/software"},
+            {"name": "lammps-flux-flux-entrypoint", "mountPath": "/etc/flux-config", "readOnly": true},
+            {"name": "flux-curve", "mountPath": "/curve", "readOnly": true},
+            {"name": "shared-memory", "mountPath": "/dev/shm", "readOnly": true},
+        ])
+    );
+    assert_eq!(
+        env_value(node, "FLUX_VIEW_IMAGE"),
+        "ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy"
+    );
+
+    let scripts = object(&objects, "ConfigMap");
+    assert_eq!(scripts["apiVersion"], "v1");
+    assert_eq!(scripts["metadata"]["name"], "lammps-flux-flux-entrypoint");
+    assert_eq!(scripts["metadata"]["namespace"], "default");
+    let owner = &scripts["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "TrainJob");
+    assert_eq!(owner["name"], "lammps-flux");
+    assert_eq!(owner["uid"], "uid-1234");
+    assert_eq!(owner["controller"], true);
+    let keys: Vec<&String> = scripts["data"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["entrypoint.sh", "init.sh"]);
+
+    let init = data_text(scripts, "init.sh");
+    assert!(init.contains("installRoot=/mnt/flux/config\n"), "{init}");
+    assert!(init.contains(
+        "echo \"lammps-flux-node-0-[0-1]\" > \"${installRoot}/etc/flux/system/hostlist\""
+    ));
+    assert!(init.contains("cp -R \"${view}\"/* \"${viewroot}/view\""));
+    assert!(init.contains("cp -R /opt/software \"${viewroot}/\""));
+    for line in [
+        "[access]\nallow-guest-user = true\nallow-root-owner = true\n",
+        "[resource]\npath = \"/mnt/flux/config/etc/flux/system/R\"\n",
+        "[bootstrap]\ncurve_cert = \"/mnt/flux/config/etc/curve/curve.cert\"\ndefault_port = 8050\n",
+        "default_bind = \"tcp://eth0:%p\"\n",
+        "default_connect = \"tcp://%h.lammps-flux.default.svc.cluster.local:%p\"\n",
+        "hosts = [{ host = \"lammps-flux-node-0-[0-1]\" }]\n",
+        "[archive]\ndbpath = \"/mnt/flux/config/var/lib/flux/job-archive.sqlite\"\nperiod = \"1m\"\nbusytimeout = \"50s\"\n",
+        "[sched-fluxion-qmanager]\nqueue-policy = \"fcfs\"\n",
+    ] {
+        assert!(init.contains(line), "broker.toml lacks {line:?}:\n{init}");
+    }
+
+    let entrypoint = data_text(scripts, "entrypoint.sh");
+    for line in [
+        "flux R encode --hosts=\"${hosts}\" --cores=0-3 > /tmp/R",
+        "mainHost=\"lammps-flux-node-0-0\"",
+        "flags=\"-N 2 -n 8\"",
+        "cp /curve/curve.cert \"${curvepath}\"",
+        "cp -R ${viewbase}/software/* /opt/software/",
+        "flux start -o --config ${cfg} ${brokerOptions} flux run ${flags} ${command}",
+        "flux broker --config-path ${cfg} ${brokerOptions}",
+        "sleep 15",
+    ] {
+        assert!(
+            entrypoint.contains(line),
+            "entrypoint lacks {line:?}:\n{entrypoint}"
+        );
+    }
+
+    let secret = object(&objects, "Secret");
+    assert_eq!(secret["metadata"]["name"], "lammps-flux-flux-curve");
+    assert_eq!(
+        secret["metadata"]["ownerReferences"][0]["name"],
+        "lammps-flux"
+    );
+    assert!(
+        secret.get("type").is_none(),
+        "an Opaque Secret, as upstream"
+    );
+    let cert = secret_text(secret, "curve.cert");
+    let key = |field: &str| {
+        let prefix = format!("    {field} = \"");
+        let start = cert.find(&prefix).unwrap() + prefix.len();
+        cert[start..].split('"').next().unwrap().to_string()
+    };
+    assert!(
+        cert.contains("metadata\n    name = \"lammps-flux\"\ncurve\n"),
+        "{cert}"
+    );
+    assert_eq!(key("public-key").len(), 40);
+    assert_eq!(key("secret-key").len(), 40);
+
+    let again = build(&job, &runtime);
+    assert_ne!(
+        secret_text(object(&again, "Secret"), "curve.cert"),
+        cert,
+        "a fresh key pair per build"
+    );
+}
+
+#[test]
+fn flux_gpus_and_broker_settings_from_the_env() {
+    // `examples/flux/lammps-train-gpus.yaml`: one process and one GPU per node.
+    let mut doc = serde_json::to_value(flux_distributed()).unwrap();
+    doc["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        ["containers"][0]["env"] = json!([
+        {"name": "FLUX_QUEUE_POLICY", "value": "easy"},
+        {"name": "FLUX_NETWORK_DEVICE", "value": "eth1"},
+    ]);
+    let runtime = runtime(doc);
+    let job = test_job(
+        "lammps-gpu",
+        json!({
+            "runtimeRef": {"name": "flux-distributed", "kind": "ClusterTrainingRuntime"},
+            "trainer": {
+                "numNodes": 2,
+                "numProcPerNode": 1,
+                "command": ["lmp_gpu", "-k", "on", "g", "8"],
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+                "env": [
+                    {"name": "FLUX_NETWORK_DEVICE", "value": "ib0"},
+                    {"name": "FLUX_VIEW_IMAGE", "value": "ghcr.io/converged-computing/flux-view-rocky:tag-9"},
+                ],
+            },
+        }),
+    );
+    let objects = build(&job, &runtime);
+    let scripts = object(&objects, "ConfigMap");
+    let entrypoint = data_text(scripts, "entrypoint.sh");
+    assert!(entrypoint.contains("flux R encode --hosts=\"${hosts}\" --cores=0 --gpu=0 > /tmp/R"));
+    assert!(
+        entrypoint.contains("flags=\"-N 2 -n 2 -g 1\""),
+        "{entrypoint}"
+    );
+    let init = data_text(scripts, "init.sh");
+    assert!(
+        init.contains("default_bind = \"tcp://ib0:%p\"\n"),
+        "the TrainJob's env wins"
+    );
+    assert!(
+        init.contains("queue-policy = \"easy\"\n"),
+        "the runtime's env counts"
+    );
+    let pod = &rjob(object(&objects, "JobSet"), "node")["template"]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["initContainers"][0]["image"],
+        "ghcr.io/converged-computing/flux-view-rocky:tag-9"
+    );
+}
+
+#[test]
+fn flux_moves_the_trainjob_args_into_the_command_and_keeps_the_runtime_args() {
+    let runtime = training_runtime(json!({
+        "mlPolicy": {"numNodes": 3, "flux": {"numProcPerNode": 2}},
+        "template": {"spec": {"replicatedJobs": [{
+            "name": "node",
+            "template": {
+                "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                "spec": {"template": {"spec": {"containers": [{
+                    "name": "node", "image": "app", "command": ["python3"], "args": ["--from-runtime"],
+                }]}}},
+            },
+        }]}},
+    }));
+    let job = test_job(
+        "args",
+        json!({"trainer": {"args": ["train.py", "--epochs", "10"]}}),
+    );
+    let objects = build(&job, &runtime);
+    let node_job = rjob(object(&objects, "JobSet"), "node");
+    assert_eq!(counts(node_job), (3, 3), "the runtime's numNodes");
+    let node = container(node_job, "node");
+    assert_eq!(
+        node["command"],
+        json!([
+            "/bin/bash",
+            "/etc/flux-config/entrypoint.sh",
+            "python3 train.py --epochs 10"
+        ])
+    );
+    assert_eq!(node["args"], json!(["--from-runtime"]));
+    let entrypoint = data_text(object(&objects, "ConfigMap"), "entrypoint.sh");
+    assert!(entrypoint.contains("flags=\"-N 3 -n 6\""), "{entrypoint}");
+
+    // Without `spec.trainer` (where upstream dereferences nil), the
+    // runtime's command is wrapped and its count used.
+    let objects = build(&test_job("plain", json!({})), &runtime);
+    let node = container(rjob(object(&objects, "JobSet"), "node"), "node");
+    assert_eq!(
+        node["command"],
+        json!(["/bin/bash", "/etc/flux-config/entrypoint.sh", "python3"])
+    );
+    assert_eq!(node["args"], json!(["--from-runtime"]));
+}
+
+#[test]
+fn flux_reserves_the_installer_init_container() {
+    let mut doc = serde_json::to_value(flux_distributed()).unwrap();
+    doc["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        ["initContainers"] = json!([{"name": "flux-installer", "image": "mine"}]);
+    let runtime = runtime(doc);
+    let validation = validate(&lammps_job(), &runtime);
+    assert_eq!(error_fields(&validation), ["spec.trainer.initContainers"]);
+    assert_eq!(
+        validation.errors[0].value.as_deref(),
+        Some("flux-installer")
+    );
+    assert_eq!(
+        validation.errors[0].detail,
+        "InitContainer 'flux-installer' is reserved"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -17,8 +17,8 @@
 //! hub. The other objects are owned by the JobSet (`controller` and
 //! `blockOwnerDeletion` true), where upstream's controller makes the
 //! TrainJob their owner, so the cluster's garbage collector removes them
-//! with it. An immutable Secret (the MPI SSH key, random per build) is
-//! created once and kept.
+//! with it. An immutable Secret (the MPI SSH key, the Flux CURVE key: random
+//! per build) is created once and kept.
 //!
 //! The run's extra environment (`TRACEPARENT`) is not written into the
 //! pod templates: the JobSet stays exactly as the hub built it (what
