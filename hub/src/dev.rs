@@ -218,6 +218,11 @@ pub async fn run(
             dispatch: args.dispatch.config(),
             event_ttl: args.event_ttl,
             api_limits: args.api_limits.clone(),
+            // The local spokes' pods reach the API where it listens.
+            trainer_status: Some(hub::TrainerStatusConfig {
+                url: None,
+                ca_file: pki.cert_path("ca"),
+            }),
         };
         let replication = hub::Replication {
             storage: if args.etcd_servers.is_empty() {

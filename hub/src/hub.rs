@@ -60,6 +60,58 @@ pub struct Config {
     pub event_ttl: std::time::Duration,
     /// Caps and timeouts of the API listener and per-user requests.
     pub api_limits: crate::api_limits::ApiLimitsArgs,
+    /// Where the trainer's pods post their progress; None: they are not
+    /// told (posts to `/status` are still taken from those allowed).
+    pub trainer_status: Option<TrainerStatusConfig>,
+}
+
+/// How the trainer's pods reach this hub's API to post `trainerStatus`.
+#[derive(Debug, Clone)]
+pub struct TrainerStatusConfig {
+    /// The API as the pods reach it: `https://host:port`; None: the
+    /// address the API listens on (`trainhub dev`: 127.0.0.1).
+    pub url: Option<String>,
+    /// PEM file of the CA that the pods verify the serving certificate with.
+    pub ca_file: PathBuf,
+}
+
+/// The `trainhub serve` flags of the trainer status endpoint.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TrainerStatusArgs {
+    /// The hub's API as the training pods reach it (`https://host:port`):
+    /// given, the trainer's containers get `KUBEFLOW_TRAINER_SERVER_URL`,
+    /// `..._CA_CERT` and `..._TOKEN` to post their TrainJob's progress
+    /// (`status.trainerStatus`) with, as Kubeflow Trainer's TrainJobStatus
+    /// plugin gives them.
+    #[arg(long)]
+    pub trainer_status_url: Option<String>,
+    /// PEM: the CA the pods verify the hub's serving certificate with
+    /// (default: --client-ca-file, which `trainctl certs` makes the same CA).
+    #[arg(long)]
+    pub trainer_status_ca_file: Option<PathBuf>,
+}
+
+impl TrainerStatusArgs {
+    /// # Errors
+    ///
+    /// A URL without a CA, or not `https://`.
+    pub fn config(&self, client_ca: Option<&PathBuf>) -> Result<Option<TrainerStatusConfig>> {
+        let Some(url) = &self.trainer_status_url else {
+            return Ok(None);
+        };
+        if !url.starts_with("https://") {
+            anyhow::bail!("--trainer-status-url must be an https:// URL, not {url:?}");
+        }
+        let ca_file = self
+            .trainer_status_ca_file
+            .clone()
+            .or_else(|| client_ca.cloned())
+            .context("--trainer-status-url needs --trainer-status-ca-file (or --client-ca-file)")?;
+        Ok(Some(TrainerStatusConfig {
+            url: Some(url.clone()),
+            ca_file,
+        }))
+    }
 }
 
 /// Where the store is.
@@ -207,6 +259,10 @@ pub struct Hub {
     current: watch::Sender<Option<Arc<Dispatch>>>,
     /// The token followers present for pod logs, while this replica leads.
     peer_token: Arc<crate::peer::PeerToken>,
+    /// Signs the TrainJobs' status tokens; in the store, for all replicas.
+    status_key: Arc<crate::trainer_status::SigningKey>,
+    /// What the trainer's pods are told, if the hub offers it.
+    reporting: Option<Arc<crate::trainer_status::Reporting>>,
     election: Option<Election>,
     config: Config,
 }
@@ -293,6 +349,21 @@ impl Hub {
             plugins.clone(),
             config.dispatch,
         );
+        let status_key = crate::trainer_status::SigningKey::new(store.clone());
+        let reporting = match &config.trainer_status {
+            Some(c) => {
+                let ca = std::fs::read_to_string(&c.ca_file)
+                    .with_context(|| format!("reading {}", c.ca_file.display()))?;
+                let reporting = Arc::new(crate::trainer_status::Reporting::new(
+                    c.url.as_deref(),
+                    ca,
+                    status_key.clone(),
+                ));
+                dispatch.report_trainer_status(reporting.clone());
+                Some(reporting)
+            }
+            None => None,
+        };
         let (current, _) = watch::channel(None);
         let peer_token = Arc::new(crate::peer::PeerToken::default());
         let log_source: Arc<dyn trainhub_apiserver::server::LogSource> = match &election {
@@ -321,11 +392,14 @@ impl Hub {
                     vec![("role".to_string(), role.to_string())]
                 })
             })
-            .authenticator(Arc::new(Authenticator::new(
-                tokens,
-                config.client_ca.is_some(),
-            )))
-            .authorizer(Arc::new(PolicyAuthorizer::new(policy)))
+            .authenticator(Arc::new(
+                Authenticator::new(tokens, config.client_ca.is_some())
+                    .with_issued_tokens(status_key.clone()),
+            ))
+            .authorizer(Arc::new(crate::trainer_status::JobTokens {
+                inner: Arc::new(PolicyAuthorizer::new(policy)),
+            }))
+            .status_posts(Arc::new(crate::trainer_status::StatusPosts))
             .request_limits(config.api_limits.request_limits())
             .watch_send_timeout(config.api_limits.http_write_timeout)
             .version(trainhub_apiserver::server::VersionInfo::kubernetes_level(
@@ -355,6 +429,8 @@ impl Hub {
             admission,
             current,
             peer_token,
+            status_key,
+            reporting,
             election,
             config,
         })
@@ -405,6 +481,7 @@ impl Hub {
         };
         let cert = read(&self.config.tls_cert)?;
         let key = read(&self.config.tls_key)?;
+        self.status_key.ensure().await?;
         // The serving certificate follows its files (rotation without a
         // restart), for the API and the spokes' endpoint alike.
         let serving = ReloadingCert::load(
@@ -422,6 +499,9 @@ impl Hub {
             .await
             .with_context(|| format!("listening on {}", self.config.listen))?;
         let addr = listener.local_addr()?;
+        if let Some(reporting) = &self.reporting {
+            reporting.set_url(&format!("https://{addr}"));
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut grpc_addr = None;
         let grpc_listener = match self.config.grpc_listen {
@@ -502,6 +582,7 @@ impl Hub {
             dispatch_config: self.config.dispatch,
             event_ttl: self.config.event_ttl,
             single_writer: self.election.is_none(),
+            reporting: self.reporting.clone(),
             peer: advertised_api.map(|api| (self.peer_token.clone(), api, cert.clone())),
         };
         let leadership = tokio::spawn(terms.run(
@@ -549,6 +630,8 @@ struct Terms {
     event_ttl: Duration,
     /// One process writes the store (redb): one term, for ever.
     single_writer: bool,
+    /// What the trainer's pods are told to post their progress with.
+    reporting: Option<Arc<crate::trainer_status::Reporting>>,
     /// With replicas: the token, API address and serving certificate a
     /// leader publishes for the followers' pod-log requests.
     peer: Option<(Arc<crate::peer::PeerToken>, String, String)>,
@@ -580,12 +663,18 @@ impl Terms {
             // dispatch built with the hub.
             let dispatch = match first.take().filter(|_| self.single_writer) {
                 Some(d) => d,
-                None => Dispatch::new(
-                    store.clone(),
-                    self.admission.clone(),
-                    self.plugins.clone(),
-                    self.dispatch_config,
-                ),
+                None => {
+                    let dispatch = Dispatch::new(
+                        store.clone(),
+                        self.admission.clone(),
+                        self.plugins.clone(),
+                        self.dispatch_config,
+                    );
+                    if let Some(reporting) = &self.reporting {
+                        dispatch.report_trainer_status(reporting.clone());
+                    }
+                    dispatch
+                }
             };
             if !self.single_writer {
                 tracing::info!(key = %term.key, revision = term.revision, "leading: dispatch, spoke sessions and controllers start");

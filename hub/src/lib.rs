@@ -26,3 +26,4 @@ pub mod peer;
 pub mod plugins;
 pub mod render;
 pub mod spokes;
+pub mod trainer_status;

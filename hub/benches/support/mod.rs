@@ -89,6 +89,7 @@ pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
         dispatch: Default::default(),
         event_ttl: trainhub::controller::events::DEFAULT_TTL,
         api_limits: Default::default(),
+        trainer_status: None,
     }
 }
 

@@ -55,6 +55,7 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
     defs.extend(crate::kueue::api::resources()?);
     if let Some(trainjobs) = defs.iter_mut().find(|d| d.store_key() == TRAINJOBS) {
         trainjobs.printer_columns.push(spoke_column());
+        trainjobs.printer_columns.extend(progress_columns());
     }
     defs.extend(core_resources());
     defs.push(trainhub_apiserver::namespace::resource_def());
@@ -89,6 +90,29 @@ fn spoke_column() -> PrinterColumn {
         description: "The spoke the TrainJob is placed on.".into(),
         priority: 0,
     }
+}
+
+/// PROGRESS and ETA of `kubectl get trainjobs`: what the training pods
+/// last posted to `status.trainerStatus` (percent done, seconds left), as
+/// numbers: a column's cells are what its JSONPath finds.
+fn progress_columns() -> [PrinterColumn; 2] {
+    [
+        PrinterColumn {
+            name: "Progress".into(),
+            type_: "integer".into(),
+            json_path: ".status.trainerStatus.progressPercentage".into(),
+            description: "Training progress in percent, as the trainer last reported it.".into(),
+            priority: 0,
+        },
+        PrinterColumn {
+            name: "ETA".into(),
+            type_: "integer".into(),
+            json_path: ".status.trainerStatus.estimatedRemainingSeconds".into(),
+            description:
+                "Estimated training time left in seconds, as the trainer last reported it.".into(),
+            priority: 0,
+        },
+    ]
 }
 
 /// The served versions of a CustomResourceDefinition, one [`ResourceDef`]
@@ -343,7 +367,7 @@ mod tests {
         assert_eq!(tj.kind, "TrainJob");
         assert!(tj.namespaced && tj.status_subresource);
         let columns: Vec<&str> = tj.printer_columns.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(columns, ["State", "Age", "Spoke"]);
+        assert_eq!(columns, ["State", "Age", "Spoke", "Progress", "ETA"]);
         let placed = serde_json::json!({"metadata": {"annotations": {"trainhub.kubeflow.org/spoke": "gpu-1"}}});
         assert_eq!(
             trainhub_apiserver::table::jsonpath(&placed, &tj.printer_columns[2].json_path),

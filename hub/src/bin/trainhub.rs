@@ -99,6 +99,8 @@ struct ServeArgs {
     api_limits: trainhub::api_limits::ApiLimitsArgs,
     #[command(flatten)]
     storage: trainhub::hub::StorageArgs,
+    #[command(flatten)]
+    trainer_status: trainhub::hub::TrainerStatusArgs,
 }
 
 fn main() -> ExitCode {
@@ -120,6 +122,7 @@ fn main() -> ExitCode {
             Command::Dev(args) => trainhub::dev::run(args, shutdown_signal()).await,
             Command::Serve(args) => {
                 let replication = args.storage.replication()?;
+                let trainer_status = args.trainer_status.config(args.client_ca_file.as_ref())?;
                 let hub = Hub::open_replicated(
                     Config {
                         data_dir: args.data_dir,
@@ -135,6 +138,7 @@ fn main() -> ExitCode {
                         dispatch: args.dispatch.config(),
                         event_ttl: args.event_ttl,
                         api_limits: args.api_limits,
+                        trainer_status,
                     },
                     replication,
                 )

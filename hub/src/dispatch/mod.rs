@@ -357,6 +357,9 @@ pub struct Dispatch {
     /// The spokes' labels and capacity as quota was last derived from
     /// them (hashed).
     spokes_seen: Mutex<u64>,
+    /// What the trainer's pods get to post their progress with, if the
+    /// hub offers it.
+    trainer_status: std::sync::OnceLock<Arc<crate::trainer_status::Reporting>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -411,7 +414,14 @@ impl Dispatch {
             published: Mutex::default(),
             evictions: Mutex::default(),
             spokes_seen: Mutex::default(),
+            trainer_status: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Gives every trainer pod built from now on what it needs to post
+    /// its TrainJob's `trainerStatus` (see [`crate::trainer_status`]).
+    pub fn report_trainer_status(&self, reporting: Arc<crate::trainer_status::Reporting>) {
+        let _ = self.trainer_status.set(reporting);
     }
 
     fn now(&self) -> core::Millis {
@@ -1293,7 +1303,19 @@ impl Dispatch {
                         Some(info) => pipeline.build_enforced(&job, info.as_ref().clone(), &target),
                         None => pipeline.build(&job, &runtime, &target),
                     };
-                    built.map_err(StepError::from)
+                    let mut rendered = built.map_err(StepError::from)?;
+                    if let Some(reporting) = this.trainer_status.get() {
+                        let meta = &value["metadata"];
+                        let namespace = meta["namespace"].as_str().unwrap_or_default();
+                        let name = meta["name"].as_str().unwrap_or_default();
+                        reporting
+                            .add_to(&mut rendered.objects, namespace, name, uid)
+                            .map_err(|e| StepError {
+                                message: format!("the trainer's status token: {e}"),
+                                transient: true,
+                            })?;
+                    }
+                    Ok::<_, StepError>(rendered)
                 })
                 .await
                 .unwrap_or_else(|e| Err(format!("the build task failed: {e}").into()))

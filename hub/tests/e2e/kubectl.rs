@@ -24,7 +24,7 @@ fn yaml_files() -> Vec<std::path::PathBuf> {
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub(crate) fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if f() {

@@ -1,5 +1,7 @@
 //! Who is calling: client certificate first, then bearer token.
 
+use std::sync::Arc;
+
 use x509_parser::prelude::{FromDer, X509Certificate};
 
 use super::{AUTHENTICATED_GROUP, TokenFile, UserInfo};
@@ -11,10 +13,29 @@ use crate::status::ApiError;
 /// token therefore does not spoil a valid certificate, and anything else
 /// (no credentials, a wrong token, an unusable certificate) is 401:
 /// anonymous access is off.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Authenticator {
     tokens: Option<TokenFile>,
     trust_client_certificates: bool,
+    /// Tried, in order, for a bearer token the token file does not know.
+    issued: Vec<Arc<dyn TokenAuthenticator>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("tokens", &self.tokens)
+            .field("trust_client_certificates", &self.trust_client_certificates)
+            .field("issued", &self.issued.len())
+            .finish()
+    }
+}
+
+/// Bearer tokens the embedding server issues itself (kube-apiserver's
+/// service-account tokens play this part): who a token names, if it is one
+/// of them and still valid.
+pub trait TokenAuthenticator: Send + Sync + 'static {
+    fn authenticate_token(&self, token: &str) -> Option<UserInfo>;
 }
 
 impl Authenticator {
@@ -25,7 +46,15 @@ impl Authenticator {
         Authenticator {
             tokens,
             trust_client_certificates,
+            issued: Vec::new(),
         }
+    }
+
+    /// Also accepts the tokens `issued` recognises (after the token file).
+    #[must_use]
+    pub fn with_issued_tokens(mut self, issued: Arc<dyn TokenAuthenticator>) -> Self {
+        self.issued.push(issued);
+        self
     }
 
     /// `authorization_header`: the `Authorization` header's value, if any.
@@ -51,8 +80,12 @@ impl Authenticator {
             }
         }
         if let Some(token) = authorization_header.and_then(bearer_token) {
-            match self.tokens.as_ref().and_then(|t| t.lookup(token)) {
-                Some(user) => return Ok(with_authenticated_group(user.clone())),
+            let user = match self.tokens.as_ref().and_then(|t| t.lookup(token)) {
+                Some(user) => Some(user.clone()),
+                None => self.issued.iter().find_map(|i| i.authenticate_token(token)),
+            };
+            match user {
+                Some(user) => return Ok(with_authenticated_group(user)),
                 None => failures.push("invalid bearer token".to_string()),
             }
         }
@@ -161,6 +194,38 @@ mod tests {
                 .unwrap_err()
                 .code,
             401
+        );
+    }
+
+    #[test]
+    fn issued_tokens_come_after_the_token_file() {
+        struct Issued;
+        impl TokenAuthenticator for Issued {
+            fn authenticate_token(&self, token: &str) -> Option<UserInfo> {
+                token.strip_prefix("job:").map(|name| UserInfo {
+                    name: format!("system:job:{name}"),
+                    uid: String::new(),
+                    groups: vec!["jobs".into()],
+                })
+            }
+        }
+        let a = Authenticator::new(Some(tokens()), false).with_issued_tokens(Arc::new(Issued));
+        let user = a.authenticate(Some("Bearer job:x"), None).unwrap();
+        assert_eq!(user.name, "system:job:x");
+        assert_eq!(user.groups, vec!["jobs", AUTHENTICATED_GROUP]);
+        assert_eq!(
+            a.authenticate(Some("Bearer good"), None).unwrap().name,
+            "alice"
+        );
+        assert_eq!(
+            a.authenticate(Some("Bearer other"), None).unwrap_err().code,
+            401
+        );
+        // Without a token file the issued tokens still authenticate.
+        let alone = Authenticator::new(None, false).with_issued_tokens(Arc::new(Issued));
+        assert_eq!(
+            alone.authenticate(Some("Bearer job:y"), None).unwrap().name,
+            "system:job:y"
         );
     }
 

@@ -16,7 +16,7 @@ mod tokenfile;
 
 use std::path::PathBuf;
 
-pub use authenticator::{Authenticator, user_from_certificate};
+pub use authenticator::{Authenticator, TokenAuthenticator, user_from_certificate};
 pub use policy::{DEFAULT_ADMIN_GROUPS, NamespaceGrant, Policy, PolicyAuthorizer};
 pub use tokenfile::{TokenEntry, TokenFile};
 

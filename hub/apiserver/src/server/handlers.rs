@@ -214,6 +214,16 @@ async fn serve(
             _ => Err(method_not_allowed(&method)),
         };
     }
+    if method == Method::POST
+        && ctx.sub() == Some("status")
+        && ctx.target.name.is_some()
+        && ctx.def.status_subresource
+    {
+        return match ctx.server.status_posts.clone() {
+            Some(posts) if posts.serves(&ctx.def) => post_status(ctx, posts.as_ref(), &body).await,
+            _ => Err(method_not_allowed(&method)),
+        };
+    }
     match (ctx.sub(), ctx.target.name.is_some()) {
         (None, false) => match method {
             Method::GET if ctx.query.flag("watch") => watch::serve(ctx).await,
@@ -1053,6 +1063,51 @@ async fn write_update(
     };
     let value = commit_one(ctx, op).await?;
     Ok((StatusCode::OK, value, warnings))
+}
+
+/// A POST to `/status` (see [`super::StatusPost`]): the embedder's new
+/// status, written as an update of `/status` by
+/// [`super::STATUS_POST_MANAGER`], on the latest object (a write that
+/// raced it is redone on what that write left).
+async fn post_status(
+    mut ctx: Ctx,
+    posts: &dyn super::StatusPost,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    read_only(&ctx)?;
+    ctx.query = Query::parse(Some(&format!(
+        "fieldManager={}",
+        super::STATUS_POST_MANAGER
+    )));
+    let mut last = None;
+    for _ in 0..5 {
+        let old = ctx.server.present_object(&ctx.def, current(&ctx)?)?;
+        let posted = posts.post(&ctx.user, &old.value, body)?;
+        let Some(status) = posted.status else {
+            return Ok(request::respond(
+                StatusCode::OK,
+                &posted.answer,
+                Format::Json,
+                &[],
+            ));
+        };
+        let mut new = old.value.as_ref().clone();
+        new["status"] = status;
+        crate::limits::check_object(&new, "the posted status")?;
+        match write_update(&ctx, &old, new, Some(old.rv)).await {
+            Ok((_, _, warnings)) => {
+                return Ok(request::respond(
+                    StatusCode::OK,
+                    &posted.answer,
+                    Format::Json,
+                    &warnings,
+                ));
+            }
+            Err(e) if e.code == 409 => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| ApiError::internal("the status could not be written")))
 }
 
 fn is_apply(ctx: &Ctx) -> bool {

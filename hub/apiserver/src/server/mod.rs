@@ -103,6 +103,49 @@ pub struct Server {
     authenticated_routes: Router,
     /// Extra lines of `/readyz?verbose` (e.g. a replica's role).
     readiness: Option<Readiness>,
+    /// What a POST to an object's `/status` does, if anything.
+    status_posts: Option<Arc<dyn StatusPost>>,
+}
+
+/// A POST to the `/status` of an object: Kubernetes has no such verb, but
+/// Kubeflow Trainer's status server takes the training pods' progress that
+/// way (`POST .../trainjobs/NAME/status` with `{"trainerStatus": ...}`).
+/// The request is authenticated and authorized as any other (verb
+/// `create` on the `status` subresource); the embedder turns the body into
+/// the object's new status, which the server then writes as an update of
+/// `/status` by the field manager [`STATUS_POST_MANAGER`]: schema, CEL
+/// rules and admission apply, a conflicting write meanwhile is retried.
+pub trait StatusPost: Send + Sync + 'static {
+    /// Whether POSTs to the status of `def`'s objects are taken at all
+    /// (others are 405, as kube-apiserver answers).
+    fn serves(&self, def: &ResourceDef) -> bool;
+
+    /// For `body` posted by `user` to `object`'s status: the new status
+    /// (`None`: nothing to write) and the answer to send with 200.
+    ///
+    /// # Errors
+    ///
+    /// The body is refused; the error is the answer.
+    #[allow(clippy::result_large_err)]
+    fn post(
+        &self,
+        user: &auth::UserInfo,
+        object: &Value,
+        body: &[u8],
+    ) -> Result<StatusPosted, crate::status::ApiError>;
+}
+
+/// The field manager of the writes [`StatusPost`] makes (upstream's status
+/// server applies as `trainer-status`).
+pub const STATUS_POST_MANAGER: &str = "trainer-status";
+
+/// What [`StatusPost::post`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusPosted {
+    /// The object's whole new status; `None` leaves it as it is.
+    pub status: Option<Value>,
+    /// The 200 answer's JSON body.
+    pub answer: Value,
 }
 
 /// What `/readyz?verbose` adds, as `name: detail` pairs, checked at each
@@ -134,6 +177,11 @@ impl Builder {
     }
     pub fn authenticator(mut self, authenticator: Arc<Authenticator>) -> Self {
         self.server.authenticator = Some(authenticator);
+        self
+    }
+    /// What a POST to an object's `/status` does (see [`StatusPost`]).
+    pub fn status_posts(mut self, posts: Arc<dyn StatusPost>) -> Self {
+        self.server.status_posts = Some(posts);
         self
     }
     pub fn authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
@@ -246,6 +294,7 @@ impl Server {
                 public_routes: Router::new(),
                 authenticated_routes: Router::new(),
                 readiness: None,
+                status_posts: None,
             },
         }
     }
@@ -279,6 +328,7 @@ impl Server {
             public_routes: self.public_routes.clone(),
             authenticated_routes: self.authenticated_routes.clone(),
             readiness: self.readiness.clone(),
+            status_posts: self.status_posts.clone(),
         })
     }
 

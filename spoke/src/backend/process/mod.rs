@@ -70,9 +70,12 @@
 //! the working directory of its processes (a container's `workingDir` is not
 //! honoured), one `<container>.log` per container with stdout and stderr
 //! interleaved as they arrive, and `volumes/<volume>/<key>` for each
-//! ConfigMap or Secret volume (`items` honoured). `mountPath` is not
-//! remapped — a process that reads `/etc/config/x` does not find the file;
-//! env values and args are not rewritten for mount paths either.
+//! ConfigMap or Secret volume (`items` honoured). The files are not mounted
+//! at their `mountPath`: an env value or argument that names a path under
+//! the `mountPath` of such a volume the container mounts (the whole value,
+//! e.g. `KUBEFLOW_TRAINER_SERVER_TOKEN=/var/run/secrets/kubeflow/trainer/token`)
+//! is given the copy's path instead (`subPath` honoured); a path written
+//! anywhere else (inside a script, a config file) is not rewritten.
 //!
 //! # JobSet semantics
 //!

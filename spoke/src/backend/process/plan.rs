@@ -247,6 +247,15 @@ pub struct Container {
     pub ports: Vec<ContainerPort>,
     pub resources: Resources,
     pub restart_policy: Option<String>,
+    pub volume_mounts: Vec<VolumeMount>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct VolumeMount {
+    pub name: String,
+    pub mount_path: String,
+    pub sub_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -731,6 +740,10 @@ pub struct ResolveContext<'a> {
     /// The spoke's capacity (milli-units): what a `resourceFieldRef` to an
     /// unset limit reads, as kubelet reads the node's allocatable.
     pub allocatable: Option<&'a BTreeMap<String, i64>>,
+    /// The pod's directory, where its ConfigMap and Secret volumes are
+    /// written (`volumes/<volume>/`): env values and arguments naming a
+    /// path under such a volume's `mountPath` are given this copy's path.
+    pub pod_dir: Option<&'a std::path::Path>,
 }
 
 /// A container ready to run as a process.
@@ -893,7 +906,13 @@ impl RunPlan {
             service_account: &r.service_account,
         };
         let index = r.indexed.then(|| pod_index.to_string());
-        let resolve = |c: &Container| self.resolve_container(c, &pod, index.as_deref(), ctx);
+        let resolve = |c: &Container| {
+            let mounts = ctx
+                .pod_dir
+                .map(|dir| mounted_copies(c, &r.volumes, dir))
+                .unwrap_or_default();
+            self.resolve_container(c, &pod, index.as_deref(), ctx, &mounts)
+        };
         let init = r
             .init_containers
             .iter()
@@ -910,6 +929,7 @@ impl RunPlan {
         pod: &PodFields<'_>,
         completion_index: Option<&str>,
         ctx: &ResolveContext<'_>,
+        mounts: &[(String, String)],
     ) -> Result<Process, String> {
         let what = format!("container {:?}", c.name);
         if c.restart_policy.as_deref() == Some("Always") {
@@ -974,7 +994,7 @@ impl RunPlan {
         let program = argv.remove(0);
         let args = argv
             .iter()
-            .map(|a| ctx.endpoints.rewrite_value(a))
+            .map(|a| remap_mounted(&ctx.endpoints.rewrite_value(a), mounts))
             .collect();
         let mut full: Vec<(String, String)> = ctx
             .extra_env
@@ -982,10 +1002,10 @@ impl RunPlan {
             .filter(|(k, _)| !env.iter().any(|(n, _)| n == k))
             .cloned()
             .collect();
-        full.extend(
-            env.into_iter()
-                .map(|(k, v)| (k, ctx.endpoints.rewrite_value(&v))),
-        );
+        full.extend(env.into_iter().map(|(k, v)| {
+            let v = remap_mounted(&ctx.endpoints.rewrite_value(&v), mounts);
+            (k, v)
+        }));
         Ok(Process {
             name: c.name.clone(),
             program,
@@ -1231,6 +1251,55 @@ impl PodFields<'_> {
     }
 }
 
+/// Where each ConfigMap or Secret volume that `c` mounts is on this
+/// machine: (`mountPath`, the pod's copy `DIR/volumes/<volume>[/<subPath>]`),
+/// longest mount path first. Other volumes (emptyDir, host paths) have no
+/// copy and are left out.
+fn mounted_copies(
+    c: &Container,
+    volumes: &[Volume],
+    dir: &std::path::Path,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = c
+        .volume_mounts
+        .iter()
+        .filter(|m| m.mount_path.starts_with('/') && m.mount_path.len() > 1)
+        .filter(|m| {
+            volumes
+                .iter()
+                .any(|v| v.name == m.name && (v.config_map.is_some() || v.secret.is_some()))
+        })
+        .filter(|m| safe_relative(&m.name))
+        .filter_map(|m| {
+            let mut local = dir.join("volumes").join(&m.name);
+            if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                if !safe_relative(sub) {
+                    return None;
+                }
+                local = local.join(sub);
+            }
+            let mount = m.mount_path.trim_end_matches('/').to_string();
+            Some((mount, local.to_string_lossy().into_owned()))
+        })
+        .collect();
+    out.sort_by_key(|(mount, _)| std::cmp::Reverse(mount.len()));
+    out
+}
+
+/// `value` with a leading mount path (the whole value, or followed by `/`)
+/// replaced by the volume's copy, as the process would find the file
+/// there in a container.
+fn remap_mounted(value: &str, mounts: &[(String, String)]) -> String {
+    for (mount, local) in mounts {
+        if let Some(rest) = value.strip_prefix(mount.as_str())
+            && (rest.is_empty() || rest.starts_with('/'))
+        {
+            return format!("{local}{rest}");
+        }
+    }
+    value.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1347,6 +1416,46 @@ mod tests {
     }
 
     #[test]
+    fn paths_under_a_mounted_volume_name_the_pods_copy() {
+        let c: Container = serde_json::from_value(json!({"name": "c", "volumeMounts": [
+            {"name": "token", "mountPath": "/var/run/secrets/kubeflow/trainer", "readOnly": true},
+            {"name": "cfg", "mountPath": "/etc/app/", "subPath": "conf.d"},
+            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "token", "mountPath": "relative"}]}))
+        .unwrap();
+        let volumes: Vec<Volume> = serde_json::from_value(json!([
+            {"name": "token", "secret": {"secretName": "j-trainer-status"}},
+            {"name": "cfg", "configMap": {"name": "cm"}},
+            {"name": "scratch", "emptyDir": {}}]))
+        .unwrap();
+        let dir = std::path::Path::new("/work/ns/j-1/pod");
+        let mounts = mounted_copies(&c, &volumes, dir);
+        let remap = |v: &str| remap_mounted(v, &mounts);
+        assert_eq!(
+            remap("/var/run/secrets/kubeflow/trainer/token"),
+            "/work/ns/j-1/pod/volumes/token/token"
+        );
+        assert_eq!(
+            remap("/var/run/secrets/kubeflow/trainer"),
+            "/work/ns/j-1/pod/volumes/token"
+        );
+        assert_eq!(
+            remap("/etc/app/x.yaml"),
+            "/work/ns/j-1/pod/volumes/cfg/conf.d/x.yaml"
+        );
+        // Not under a mount path as a whole component; no copy of an emptyDir.
+        for unchanged in [
+            "/var/run/secrets/kubeflow/trainerX",
+            "x/var/run/secrets/kubeflow/trainer",
+            "/scratch/data",
+            "relative/token",
+            "",
+        ] {
+            assert_eq!(remap(unchanged), unchanged);
+        }
+    }
+
+    #[test]
     fn resource_field_refs_read_as_kubelet_reads_them() {
         let c: Container = serde_json::from_value(json!({"name": "c", "resources": {
             "limits": {"cpu": "1500m", "memory": "1Gi"},
@@ -1407,6 +1516,7 @@ mod tests {
             node_name: "box",
             extra_env: &extra,
             allocatable: None,
+            pod_dir: None,
         };
         let id = PodIdentity {
             name: "j-node-0-1-abcde".into(),

@@ -475,13 +475,14 @@ async fn launch(
         uid: pod.uid.clone(),
         restarts: pod.restarts,
     };
+    let dir = ctx.dir.join(&pod.name);
     let resolve = ResolveContext {
         endpoints: endpoints.clone(),
         node_name: &ctx.shared.node_name,
         extra_env: &ctx.extra_env,
         allocatable: Some(&ctx.shared.config.capacity),
+        pod_dir: Some(&dir),
     };
-    let dir = ctx.dir.join(&pod.name);
     let prepared = match ctx
         .plan
         .resolve_pod(pod.rjob, pod.job_index, pod.index, &id, &resolve)
