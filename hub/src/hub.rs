@@ -259,6 +259,8 @@ pub struct Hub {
     current: watch::Sender<Option<Arc<Dispatch>>>,
     /// The token followers present for pod logs, while this replica leads.
     peer_token: Arc<crate::peer::PeerToken>,
+    /// The `TrainerPlugin` objects' plugins, loaded on every replica.
+    object_plugins: Arc<crate::plugins::objects::ObjectPlugins>,
     /// Signs the TrainJobs' status tokens; in the store, for all replicas.
     status_key: Arc<crate::trainer_status::SigningKey>,
     /// What the trainer's pods are told, if the hub offers it.
@@ -320,6 +322,10 @@ impl Hub {
         // allocator's decay time.
         crate::memory::release_freed();
         let plugins = Arc::new(Registry::new(host, builtins, config.plugins_dir.clone()));
+        let object_plugins = crate::plugins::objects::ObjectPlugins::new(
+            plugins.clone(),
+            Arc::new(crate::plugins::objects::Files),
+        );
         if config.plugins_dir.is_some() {
             plugins
                 .watch(PLUGIN_RESCAN)
@@ -374,11 +380,13 @@ impl Hub {
             }),
         };
         let mut builder = Server::builder(store.clone())
-            .admission(Arc::new(spokes::SpokeAdmission {
-                inner: Arc::new(
-                    crate::kueue::KueueAdmission::new(store.clone(), admission.clone())
-                        .context("Kueue's admission")?,
-                ),
+            .admission(Arc::new(crate::plugins::objects::PluginAdmission {
+                inner: Arc::new(spokes::SpokeAdmission {
+                    inner: Arc::new(
+                        crate::kueue::KueueAdmission::new(store.clone(), admission.clone())
+                            .context("Kueue's admission")?,
+                    ),
+                }),
             }))
             .logs(log_source.clone())
             .readiness({
@@ -429,6 +437,7 @@ impl Hub {
             admission,
             current,
             peer_token,
+            object_plugins,
             status_key,
             reporting,
             election,
@@ -583,8 +592,15 @@ impl Hub {
             event_ttl: self.config.event_ttl,
             single_writer: self.election.is_none(),
             reporting: self.reporting.clone(),
+            object_plugins: self.object_plugins.clone(),
             peer: advertised_api.map(|api| (self.peer_token.clone(), api, cert.clone())),
         };
+        // Every replica loads the TrainerPlugin objects.
+        let loader = tokio::spawn(
+            self.object_plugins
+                .clone()
+                .run(self.store.clone(), wait(stop_rx.clone())),
+        );
         let leadership = tokio::spawn(terms.run(
             self.dispatch.clone(),
             role,
@@ -604,6 +620,7 @@ impl Hub {
         let options = self.config.api_limits.serve_options();
         trainhub_apiserver::tls::serve_with(listener, tls, router, stop, options).await;
         let _ = leadership.await;
+        let _ = loader.await;
         if let Some(grpc) = grpc {
             let _ = grpc.await;
         }
@@ -632,6 +649,8 @@ struct Terms {
     single_writer: bool,
     /// What the trainer's pods are told to post their progress with.
     reporting: Option<Arc<crate::trainer_status::Reporting>>,
+    /// Whose outcomes the leader writes to the `TrainerPlugin`s' status.
+    object_plugins: Arc<crate::plugins::objects::ObjectPlugins>,
     /// With replicas: the token, API address and serving certificate a
     /// leader publishes for the followers' pod-log requests.
     peer: Option<(Arc<crate::peer::PeerToken>, String, String)>,
@@ -699,6 +718,12 @@ impl Terms {
                     wait(end_rx.clone()),
                 )));
             }
+            tasks.push(tokio::spawn(crate::plugins::objects::run_status(
+                self.server.with_store(store.clone()),
+                self.object_plugins.clone(),
+                self.plugins.builtins().to_vec(),
+                wait(end_rx.clone()),
+            )));
             spokes::apply_cordons(store.as_ref(), &dispatch);
             tasks.push(tokio::spawn(spokes::run(
                 store.clone(),

@@ -32,6 +32,10 @@ const CRDS: &[(&str, &str)] = &[
         "trainhub.kubeflow.org_spokes.yaml",
         include_str!("../../../manifests/crds/trainhub.kubeflow.org_spokes.yaml"),
     ),
+    (
+        "trainhub.kubeflow.org_trainerplugins.yaml",
+        include_str!("../../../manifests/crds/trainhub.kubeflow.org_trainerplugins.yaml"),
+    ),
 ];
 
 /// Store keys of the trainer kinds.

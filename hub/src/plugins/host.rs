@@ -140,6 +140,28 @@ pub struct Limits {
     pub memory: usize,
 }
 
+impl Limits {
+    /// The defaults, with what a plugin's configuration sets: CPU and
+    /// wall-clock milliseconds, memory in MiB.
+    pub fn with(
+        cpu_millis: Option<u64>,
+        wall_clock_millis: Option<u64>,
+        memory_mib: Option<u64>,
+    ) -> Limits {
+        let d = Limits::default();
+        Limits {
+            cpu: cpu_millis.map(Duration::from_millis).unwrap_or(d.cpu),
+            wall: wall_clock_millis
+                .map(Duration::from_millis)
+                .unwrap_or(d.wall),
+            memory: memory_mib
+                .and_then(|m| m.checked_mul(1 << 20))
+                .and_then(|b| usize::try_from(b).ok())
+                .unwrap_or(d.memory),
+        }
+    }
+}
+
 impl Default for Limits {
     /// One second of CPU, 30 seconds of wall-clock time, 64 MiB.
     fn default() -> Self {

@@ -4,6 +4,7 @@
 mod bindings;
 mod convert;
 pub mod host;
+pub mod objects;
 pub mod pipeline;
 pub mod registry;
 

@@ -89,6 +89,10 @@ pub struct Registry {
     dir: Option<PathBuf>,
     current: RwLock<Arc<Snapshot>>,
     files: Mutex<Files>,
+    /// Plugins of `TrainerPlugin` objects (see [`super::objects`]), by
+    /// object name; like the directory's, they replace built-ins of the
+    /// same plugin name.
+    objects: Mutex<Vec<Arc<dyn PhasePlugin>>>,
     /// Every plugin version loaded since start, by digest: a TrainJob keeps
     /// the plugins it was admitted with (its runtime snapshot) after the
     /// directory replaced or removed them.
@@ -114,6 +118,7 @@ impl Registry {
             dir,
             current: RwLock::new(Arc::new(Snapshot::new(builtins.clone()))),
             files: Mutex::new(Files::default()),
+            objects: Mutex::new(Vec::new()),
             retained: Mutex::new(
                 builtins
                     .into_iter()
@@ -242,21 +247,52 @@ impl Registry {
         if !changed && previous.problems == problems {
             return previous;
         }
-        let mut custom: Vec<&Loaded> = files.loaded.values().collect();
-        custom.sort_by(|a, b| a.plugin.id().name.cmp(&b.plugin.id().name));
+        self.publish(&files, problems)
+    }
+
+    /// Serves `plugins` (those of the `TrainerPlugin` objects) from now on,
+    /// beside the built-ins and the directory's.
+    pub fn set_object_plugins(&self, plugins: Vec<Arc<dyn PhasePlugin>>) {
+        let files = lock(&self.files);
+        *lock(&self.objects) = plugins;
+        let problems = self.snapshot().problems.clone();
+        self.publish(&files, problems);
+    }
+
+    /// Keeps `plugin` by its digest for TrainJobs admitted with it (see
+    /// [`Registry::pinned`]).
+    pub fn retain(&self, plugin: Arc<dyn PhasePlugin>) {
+        lock(&self.retained).insert(plugin.id().digest.clone(), plugin);
+    }
+
+    /// Publishes the snapshot of the built-ins, the directory's plugins and
+    /// the objects' (a later source replaces a plugin of the same name).
+    fn publish(&self, files: &Files, problems: Vec<(PathBuf, String)>) -> Arc<Snapshot> {
+        let mut custom: Vec<Arc<dyn PhasePlugin>> =
+            files.loaded.values().map(|l| l.plugin.clone()).collect();
+        custom.sort_by(|a, b| a.id().name.cmp(&b.id().name));
+        for plugin in lock(&self.objects).iter() {
+            custom.retain(|c| c.id().name != plugin.id().name);
+            custom.push(plugin.clone());
+        }
         let mut plugins: Vec<Arc<dyn PhasePlugin>> = self
             .builtins
             .iter()
-            .filter(|b| !custom.iter().any(|c| c.plugin.id().name == b.id().name))
+            .filter(|b| !custom.iter().any(|c| c.id().name == b.id().name))
             .cloned()
             .collect();
-        plugins.extend(custom.iter().map(|c| c.plugin.clone()));
+        plugins.extend(custom);
         let snapshot = Arc::new(Snapshot { plugins, problems });
         match self.current.write() {
             Ok(mut s) => *s = snapshot.clone(),
             Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),
         }
         snapshot
+    }
+
+    /// The built-in plugins.
+    pub fn builtins(&self) -> &[Arc<dyn PhasePlugin>] {
+        &self.builtins
     }
 
     /// Rescans every `interval` on a background thread, for as long as the
@@ -290,21 +326,11 @@ impl Registry {
         };
         let bytes =
             std::fs::read(wasm).map_err(|e| (format!("reading {}: {e}", wasm.display()), false))?;
-        let defaults = Limits::default();
-        let limits = Limits {
-            cpu: sidecar
-                .cpu_millis
-                .map(Duration::from_millis)
-                .unwrap_or(defaults.cpu),
-            wall: sidecar
-                .wall_clock_millis
-                .map(Duration::from_millis)
-                .unwrap_or(defaults.wall),
-            memory: sidecar
-                .memory_mib
-                .and_then(|m| usize::try_from(m << 20).ok())
-                .unwrap_or(defaults.memory),
-        };
+        let limits = Limits::with(
+            sidecar.cpu_millis,
+            sidecar.wall_clock_millis,
+            sidecar.memory_mib,
+        );
         let settings = sidecar
             .settings
             .unwrap_or_else(|| serde_json::Value::Object(Default::default()));

@@ -11,6 +11,7 @@ mod ha;
 mod kube;
 mod kube_clients;
 mod kubectl;
+mod plugins;
 mod progress;
 mod quotas;
 mod readme;

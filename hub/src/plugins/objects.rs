@@ -1,0 +1,1051 @@
+//! `TrainerPlugin` objects: plugins installed through the API, loaded by
+//! every hub replica from what the store holds.
+//!
+//! ```yaml
+//! apiVersion: trainhub.kubeflow.org/v1alpha1
+//! kind: TrainerPlugin
+//! metadata: {name: acme}
+//! spec:
+//!   module: file:///srv/plugins/acme.wasm     # or oci://..., https://...
+//!   sha256: 3b1f...                            # unless the reference carries @sha256:
+//!   settings: {team: ml-platform}
+//!   frameworks: [acme]                         # default: what the plugin describes
+//!   phases: [Validate, EnforceMLPolicy, Build] # default: all it implements
+//!   failurePolicy: Fail                        # or Ignore
+//!   limits: {cpuMillis: 1000, wallClockMillis: 30000, memoryMiB: 64}
+//! ```
+//!
+//! Each replica runs an [`ObjectPlugins`] loader: it watches the objects,
+//! fetches each module ([`Fetch`]), checks its SHA-256 before compiling,
+//! loads it and publishes the set to the [`Registry`]; a plugin of the same
+//! name as a built-in replaces it. A module that cannot be had now (the
+//! file or registry unreachable) keeps the version loaded before serving,
+//! and is tried again. The leader writes each object's `status` (see
+//! [`run_status`]): `Ready` with the loaded digest and the plugin's own
+//! description, or why not. The built-in plugins are listed as read-only
+//! objects named `builtin-NAME` with `module: builtin:NAME`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::Digest as _;
+use tokio::sync::watch;
+use trainhub_apiserver::store::{Key, Op, Store, StoreError};
+use trainhub_plugin_sdk::{self as sdk, Capabilities, RuntimeInfo, Target, Validation};
+
+use super::pipeline::PhasePlugin;
+use super::registry::Registry;
+use super::{Limits, PluginError, PluginId};
+
+/// Store key of the kind (cluster-scoped).
+pub const RESOURCE: &str = "trainhub.kubeflow.org/trainerplugins";
+pub const GROUP: &str = "trainhub.kubeflow.org";
+pub const KIND: &str = "TrainerPlugin";
+/// Label of the objects that list the built-in plugins.
+pub const LABEL_BUILTIN: &str = "trainhub.kubeflow.org/builtin";
+/// Objects the hub itself writes (the built-ins, the plugins directory's).
+pub const MANAGER: &str = "trainhub";
+/// How often modules that could not be fetched are tried again.
+const RETRY: Duration = Duration::from_secs(30);
+/// The largest module accepted.
+pub const MAX_MODULE_BYTES: usize = 64 << 20;
+
+/// Why a plugin is not serving: the `Ready` condition's reason, with what
+/// happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadFailure {
+    pub reason: &'static str,
+    pub message: String,
+    /// Worth trying again without a change to the object (a registry or
+    /// file that was not reachable).
+    pub transient: bool,
+}
+
+impl LoadFailure {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        LoadFailure {
+            reason,
+            message: message.into(),
+            transient: false,
+        }
+    }
+
+    pub fn transient(reason: &'static str, message: impl Into<String>) -> Self {
+        LoadFailure {
+            transient: true,
+            ..Self::new(reason, message)
+        }
+    }
+}
+
+pub const REASON_LOADED: &str = "Loaded";
+pub const REASON_BUILTIN: &str = "Builtin";
+pub const REASON_DIGEST_MISMATCH: &str = "DigestMismatch";
+pub const REASON_PULL_FAILED: &str = "PullFailed";
+pub const REASON_COMPILE_FAILED: &str = "CompileFailed";
+pub const REASON_SETTINGS_REJECTED: &str = "SettingsRejected";
+pub const REASON_INVALID: &str = "InvalidSpec";
+
+pub type FetchFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, LoadFailure>> + Send + 'a>>;
+
+/// Gets a module's bytes. `sha256` is the digest the object pins (hex),
+/// when it gives one apart from the reference; the caller checks the bytes
+/// against it.
+pub trait Fetch: Send + Sync + 'static {
+    fn fetch<'a>(&'a self, module: &'a str) -> FetchFuture<'a>;
+}
+
+/// `file:///...` on the hub's own disk (for `trainhub dev` and admins who
+/// distribute files themselves); other schemes are refused here.
+#[derive(Debug, Default)]
+pub struct Files;
+
+impl Fetch for Files {
+    fn fetch<'a>(&'a self, module: &'a str) -> FetchFuture<'a> {
+        Box::pin(async move { read_file_module(module).await })
+    }
+}
+
+/// The bytes of a `file:///` module.
+///
+/// # Errors
+///
+/// Not a `file:///` reference, too large or unreadable.
+pub async fn read_file_module(module: &str) -> Result<Vec<u8>, LoadFailure> {
+    let Some(path) = module.strip_prefix("file://") else {
+        return Err(LoadFailure::new(
+            REASON_PULL_FAILED,
+            format!("{module}: this hub fetches no modules of this kind"),
+        ));
+    };
+    let path = PathBuf::from(path);
+    let meta = tokio::fs::metadata(&path).await.map_err(|e| {
+        LoadFailure::transient(REASON_PULL_FAILED, format!("{}: {e}", path.display()))
+    })?;
+    if meta.len() > MAX_MODULE_BYTES as u64 {
+        return Err(LoadFailure::new(
+            REASON_PULL_FAILED,
+            format!(
+                "{}: {} bytes, more than the {MAX_MODULE_BYTES} a module may have",
+                path.display(),
+                meta.len()
+            ),
+        ));
+    }
+    tokio::fs::read(&path)
+        .await
+        .map_err(|e| LoadFailure::transient(REASON_PULL_FAILED, format!("{}: {e}", path.display())))
+}
+
+/// A `TrainerPlugin`'s spec, as the loader reads it (the API validated it).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub module: String,
+    #[serde(default)]
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub settings: Option<Value>,
+    #[serde(default)]
+    pub frameworks: Option<Vec<String>>,
+    #[serde(default)]
+    pub phases: Option<Vec<String>>,
+    #[serde(default)]
+    pub failure_policy: Option<String>,
+    #[serde(default)]
+    pub limits: Option<SpecLimits>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecLimits {
+    pub cpu_millis: Option<u64>,
+    pub wall_clock_millis: Option<u64>,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: Option<u64>,
+}
+
+impl Spec {
+    /// The digest the module must have (hex): `spec.sha256`, else the
+    /// reference's `@sha256:`; both given, they must agree.
+    ///
+    /// # Errors
+    ///
+    /// Neither, or two that differ.
+    pub fn digest(&self) -> Result<String, LoadFailure> {
+        let pinned = self
+            .module
+            .rsplit_once("@sha256:")
+            .map(|(_, d)| d.to_ascii_lowercase());
+        match (&self.sha256, pinned) {
+            (Some(a), Some(b)) if *a != b => Err(LoadFailure::new(
+                REASON_INVALID,
+                format!("spec.sha256 {a} differs from the digest in spec.module ({b})"),
+            )),
+            (Some(a), _) => Ok(a.clone()),
+            (None, Some(b)) => Ok(b),
+            (None, None) => Err(LoadFailure::new(
+                REASON_INVALID,
+                "spec.sha256 is required unless spec.module carries a digest",
+            )),
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        let l = self.limits.clone().unwrap_or_default();
+        Limits::with(l.cpu_millis, l.wall_clock_millis, l.memory_mib)
+    }
+}
+
+/// The phases a `TrainerPlugin` may name, and the capability of each.
+const PHASES: [(&str, Capabilities); 5] = [
+    ("Validate", Capabilities::VALIDATE),
+    ("EnforceMLPolicy", Capabilities::ENFORCE_ML_POLICY),
+    (
+        "EnforcePodGroupPolicy",
+        Capabilities::ENFORCE_POD_GROUP_POLICY,
+    ),
+    ("Build", Capabilities::BUILD),
+    ("Status", Capabilities::STATUS),
+];
+
+fn phase_names(capabilities: Capabilities) -> Vec<&'static str> {
+    PHASES
+        .iter()
+        .filter(|(_, c)| capabilities.contains(*c))
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+/// A loaded plugin as its object configures it: the frameworks and phases
+/// it serves, and what a failed call does.
+pub struct Configured {
+    inner: Arc<dyn PhasePlugin>,
+    descriptor: sdk::Descriptor,
+    ignore_failures: bool,
+}
+
+impl Configured {
+    /// # Errors
+    ///
+    /// A phase the plugin does not implement, or an unknown one.
+    pub fn new(inner: Arc<dyn PhasePlugin>, spec: &Spec) -> Result<Configured, LoadFailure> {
+        let mut descriptor = inner.descriptor().clone();
+        if let Some(frameworks) = &spec.frameworks {
+            descriptor.frameworks = frameworks.clone();
+        }
+        if let Some(phases) = &spec.phases {
+            let mut chosen = Capabilities::empty();
+            for phase in phases {
+                let Some((_, capability)) = PHASES.iter().find(|(n, _)| n == phase) else {
+                    return Err(LoadFailure::new(
+                        REASON_INVALID,
+                        format!("spec.phases: unknown phase {phase:?}"),
+                    ));
+                };
+                if !inner.descriptor().capabilities.contains(*capability) {
+                    return Err(LoadFailure::new(
+                        REASON_INVALID,
+                        format!(
+                            "spec.phases: {} does not implement {phase} (it implements {})",
+                            inner.id().name,
+                            phase_names(inner.descriptor().capabilities).join(", ")
+                        ),
+                    ));
+                }
+                chosen |= *capability;
+            }
+            descriptor.capabilities = chosen;
+        }
+        Ok(Configured {
+            inner,
+            descriptor,
+            ignore_failures: spec.failure_policy.as_deref() == Some("Ignore"),
+        })
+    }
+
+    /// The call's result, or, under `failurePolicy: Ignore`, `fallback` for
+    /// a failure that is the plugin's (not the host's: those are retried).
+    fn or_ignore<T>(
+        &self,
+        result: Result<T, PluginError>,
+        fallback: impl FnOnce() -> T,
+    ) -> Result<T, PluginError> {
+        match result {
+            Err(e) if self.ignore_failures && !e.is_transient() => {
+                tracing::warn!(plugin = %self.inner.id(), error = %e, "plugin call failed; ignored (failurePolicy: Ignore)");
+                Ok(fallback())
+            }
+            other => other,
+        }
+    }
+}
+
+impl PhasePlugin for Configured {
+    fn id(&self) -> &PluginId {
+        self.inner.id()
+    }
+    fn descriptor(&self) -> &sdk::Descriptor {
+        &self.descriptor
+    }
+    fn validate(&self, trainjob: &str, runtime: &str) -> Result<Validation, PluginError> {
+        self.or_ignore(self.inner.validate(trainjob, runtime), Validation::default)
+    }
+    fn enforce_ml_policy(
+        &self,
+        info: RuntimeInfo,
+        trainjob: &str,
+    ) -> Result<RuntimeInfo, PluginError> {
+        let kept = info.clone();
+        self.or_ignore(self.inner.enforce_ml_policy(info, trainjob), || kept)
+    }
+    fn enforce_pod_group_policy(
+        &self,
+        info: RuntimeInfo,
+        trainjob: &str,
+    ) -> Result<RuntimeInfo, PluginError> {
+        let kept = info.clone();
+        self.or_ignore(self.inner.enforce_pod_group_policy(info, trainjob), || kept)
+    }
+    fn build(
+        &self,
+        info: &RuntimeInfo,
+        trainjob: &str,
+        target: &Target,
+    ) -> Result<Vec<String>, PluginError> {
+        self.or_ignore(self.inner.build(info, trainjob, target), Vec::new)
+    }
+    fn status(&self, trainjob: &str, observed: &str) -> Result<Option<String>, PluginError> {
+        self.or_ignore(self.inner.status(trainjob, observed), || None)
+    }
+}
+
+/// What became of one object on this replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The object's `metadata.generation` this is for.
+    pub generation: i64,
+    pub result: Result<Serving, LoadFailure>,
+    /// The version serving while `result` is a failure (an earlier one).
+    pub still_serving: Option<Serving>,
+}
+
+/// A plugin serving: its digest and what it says of itself (as the
+/// status's `plugin`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Serving {
+    pub digest: String,
+    pub plugin: Value,
+}
+
+impl Serving {
+    fn of(digest: String, descriptor: &sdk::Descriptor, builtin: bool) -> Serving {
+        Serving {
+            digest,
+            plugin: json!({
+                "name": descriptor.name,
+                "version": descriptor.version,
+                "frameworks": descriptor.frameworks,
+                "podGroupPolicies": descriptor.pod_group_policies,
+                "phases": phase_names(descriptor.capabilities),
+                "builtin": builtin,
+            }),
+        }
+    }
+}
+
+struct Entry {
+    uid: String,
+    generation: i64,
+    plugin: Option<Arc<dyn PhasePlugin>>,
+    serving: Option<Serving>,
+    /// The last load failed and may succeed if tried again.
+    retry: bool,
+}
+
+/// The `TrainerPlugin` objects of the store, loaded into the registry.
+pub struct ObjectPlugins {
+    registry: Arc<Registry>,
+    fetch: Arc<dyn Fetch>,
+    entries: Mutex<HashMap<String, Entry>>,
+    outcomes: watch::Sender<BTreeMap<String, Outcome>>,
+}
+
+impl ObjectPlugins {
+    pub fn new(registry: Arc<Registry>, fetch: Arc<dyn Fetch>) -> Arc<ObjectPlugins> {
+        Arc::new(ObjectPlugins {
+            registry,
+            fetch,
+            entries: Mutex::new(HashMap::new()),
+            outcomes: watch::Sender::new(BTreeMap::new()),
+        })
+    }
+
+    /// What became of each object (by name), as it changes.
+    pub fn outcomes(&self) -> watch::Receiver<BTreeMap<String, Outcome>> {
+        self.outcomes.subscribe()
+    }
+
+    /// Loads what `store` holds, then follows it until `stop`.
+    pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        let mut retry = tokio::time::interval(RETRY);
+        retry.tick().await;
+        loop {
+            let (objects, rv) = store.list(RESOURCE, None);
+            self.reconcile(objects.iter().map(|o| o.value.as_ref()))
+                .await;
+            let mut watch = match store.watch(RESOURCE, None, Some(rv)) {
+                Ok(watch) => watch,
+                Err(e) => {
+                    tracing::warn!(error = %e, "watching TrainerPlugins; listing again");
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        () = &mut stop => return,
+                    }
+                }
+            };
+            let mut changed = !watch.replay.is_empty();
+            loop {
+                if changed {
+                    // Objects are few: a relist sees every change up to now.
+                    let (objects, _) = store.list(RESOURCE, None);
+                    self.reconcile(objects.iter().map(|o| o.value.as_ref()))
+                        .await;
+                }
+                tokio::select! {
+                    event = watch.live.recv() => match event {
+                        Ok(e) => changed = watch.matches(&e),
+                        // Lagged or closed: list again.
+                        Err(_) => break,
+                    },
+                    _ = retry.tick() => changed = true,
+                    () = &mut stop => return,
+                }
+            }
+        }
+    }
+
+    /// Brings the loaded set to `objects`: loads new and changed ones (and
+    /// failed ones worth retrying), drops removed ones, publishes.
+    pub async fn reconcile<'a>(&self, objects: impl Iterator<Item = &'a Value>) {
+        let objects: Vec<&Value> = objects.collect();
+        let mut todo = Vec::new();
+        {
+            let entries = lock(&self.entries);
+            for object in &objects {
+                let Some((name, uid, generation)) = identity(object) else {
+                    continue;
+                };
+                let current = entries.get(name);
+                let unchanged = current.is_some_and(|e| e.uid == uid && e.generation == generation);
+                if !unchanged || current.is_some_and(|e| e.retry) {
+                    todo.push((*object).clone());
+                }
+            }
+        }
+        let mut outcomes = self.outcomes.borrow().clone();
+        for object in todo {
+            let Some((name, uid, generation)) = identity(&object) else {
+                continue;
+            };
+            let (name, uid) = (name.to_string(), uid.to_string());
+            let loaded = self.load(&object).await;
+            let mut entries = lock(&self.entries);
+            let entry = entries.entry(name.clone()).or_insert_with(|| Entry {
+                uid: uid.clone(),
+                generation,
+                plugin: None,
+                serving: None,
+                retry: false,
+            });
+            if entry.uid != uid {
+                // Another object of the same name: nothing of the old one serves.
+                entry.plugin = None;
+                entry.serving = None;
+            }
+            entry.uid = uid;
+            entry.generation = generation;
+            let outcome = match loaded {
+                Ok(Some((plugin, serving))) => {
+                    tracing::info!(object = %name, plugin = %plugin.id(), "TrainerPlugin loaded");
+                    entry.plugin = Some(plugin);
+                    entry.serving = Some(serving.clone());
+                    entry.retry = false;
+                    Outcome {
+                        generation,
+                        result: Ok(serving),
+                        still_serving: None,
+                    }
+                }
+                Ok(None) => {
+                    entry.retry = false;
+                    continue;
+                }
+                Err(failure) => {
+                    tracing::warn!(object = %name, reason = failure.reason, error = %failure.message, "TrainerPlugin not loaded");
+                    entry.retry = failure.transient;
+                    Outcome {
+                        generation,
+                        result: Err(failure),
+                        still_serving: entry.serving.clone(),
+                    }
+                }
+            };
+            outcomes.insert(name, outcome);
+        }
+        let present: Vec<&str> = objects
+            .iter()
+            .filter_map(|o| identity(o))
+            .map(|(n, ..)| n)
+            .collect();
+        let plugins: Vec<Arc<dyn PhasePlugin>> = {
+            let mut entries = lock(&self.entries);
+            entries.retain(|name, _| present.contains(&name.as_str()));
+            let mut named: Vec<(&String, &Entry)> = entries.iter().collect();
+            named.sort_by(|a, b| a.0.cmp(b.0));
+            named
+                .into_iter()
+                .filter_map(|(_, e)| e.plugin.clone())
+                .collect()
+        };
+        outcomes.retain(|name, _| present.contains(&name.as_str()));
+        self.registry.set_object_plugins(plugins);
+        self.outcomes.send_if_modified(|current| {
+            let changed = *current != outcomes;
+            *current = outcomes;
+            changed
+        });
+    }
+
+    /// Fetches, checks and loads one object's module; `None` for the
+    /// built-ins' objects (the hub serves those itself).
+    async fn load(
+        &self,
+        object: &Value,
+    ) -> Result<Option<(Arc<dyn PhasePlugin>, Serving)>, LoadFailure> {
+        let spec: Spec = serde_json::from_value(object["spec"].clone())
+            .map_err(|e| LoadFailure::new(REASON_INVALID, format!("spec: {e}")))?;
+        if spec.module.starts_with("builtin:") {
+            return Ok(None);
+        }
+        let expected = spec.digest()?;
+        let bytes = self.fetch.fetch(&spec.module).await?;
+        let actual = hex::encode(sha2::Sha256::digest(&bytes));
+        if actual != expected {
+            return Err(LoadFailure::new(
+                REASON_DIGEST_MISMATCH,
+                format!("the module's sha256 is {actual}, the object pins {expected}"),
+            ));
+        }
+        let settings = spec.settings.clone().unwrap_or_else(|| json!({}));
+        let host = self.registry.host().clone();
+        let source = spec.module.clone();
+        let limits = spec.limits();
+        let loaded =
+            tokio::task::spawn_blocking(move || host.load(&source, &bytes, &settings, limits))
+                .await
+                .map_err(|e| {
+                    LoadFailure::transient(
+                        REASON_COMPILE_FAILED,
+                        format!("the load task failed: {e}"),
+                    )
+                })?;
+        let plugin = loaded.map_err(|e| match e {
+            PluginError::Settings { .. } => {
+                LoadFailure::new(REASON_SETTINGS_REJECTED, e.to_string())
+            }
+            e if e.is_transient() => LoadFailure::transient(REASON_COMPILE_FAILED, e.to_string()),
+            e => LoadFailure::new(REASON_COMPILE_FAILED, e.to_string()),
+        })?;
+        self.registry.retain(plugin.clone());
+        let configured = Configured::new(plugin, &spec)?;
+        let serving = Serving::of(format!("sha256:{actual}"), configured.descriptor(), false);
+        Ok(Some((Arc::new(configured), serving)))
+    }
+}
+
+/// (name, uid, generation) of an object.
+fn identity(object: &Value) -> Option<(&str, &str, i64)> {
+    let meta = &object["metadata"];
+    Some((
+        meta["name"].as_str()?,
+        meta["uid"].as_str().unwrap_or_default(),
+        meta["generation"].as_i64().unwrap_or(0),
+    ))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The object listing the built-in `plugin`.
+pub fn builtin_object(plugin: &dyn PhasePlugin) -> Value {
+    let name = &plugin.id().name;
+    json!({
+        "apiVersion": format!("{GROUP}/v1alpha1"),
+        "kind": KIND,
+        "metadata": {
+            "name": format!("builtin-{name}"),
+            "labels": {LABEL_BUILTIN: "true"},
+        },
+        "spec": {
+            "module": format!("builtin:{name}"),
+            "sha256": plugin.id().digest.trim_start_matches("sha256:"),
+        },
+    })
+}
+
+/// The status an object should have, from this replica's outcome; builtin
+/// objects are Ready with the built-in's description.
+fn desired_status(
+    object: &Value,
+    outcome: Option<&Outcome>,
+    builtins: &[Arc<dyn PhasePlugin>],
+    now: &str,
+) -> Option<Value> {
+    let generation = object["metadata"]["generation"].as_i64().unwrap_or(0);
+    let module = object["spec"]["module"].as_str().unwrap_or_default();
+    let (ready, reason, message, serving) = if let Some(name) = module.strip_prefix("builtin:") {
+        let builtin = builtins.iter().find(|b| b.id().name == name)?;
+        let serving = Serving::of(builtin.id().digest.clone(), builtin.descriptor(), true);
+        (
+            true,
+            REASON_BUILTIN,
+            "built into the hub".to_string(),
+            Some(serving),
+        )
+    } else {
+        let outcome = outcome.filter(|o| o.generation == generation)?;
+        match &outcome.result {
+            Ok(serving) => (
+                true,
+                REASON_LOADED,
+                "loaded".to_string(),
+                Some(serving.clone()),
+            ),
+            Err(f) => {
+                let message = match &outcome.still_serving {
+                    Some(s) => format!(
+                        "{} (the earlier version {} keeps serving)",
+                        f.message, s.digest
+                    ),
+                    None => f.message.clone(),
+                };
+                (false, f.reason, message, outcome.still_serving.clone())
+            }
+        }
+    };
+    let old = &object["status"];
+    let old_ready = old["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"));
+    let status_word = if ready { "True" } else { "False" };
+    let transition = match old_ready {
+        Some(c) if c["status"] == status_word => c["lastTransitionTime"].clone(),
+        _ => Value::from(now),
+    };
+    let mut status = json!({
+        "observedGeneration": generation,
+        "conditions": [{
+            "type": "Ready",
+            "status": status_word,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": transition,
+            "observedGeneration": generation,
+        }],
+    });
+    if let Some(s) = serving {
+        status["digest"] = s.digest.into();
+        status["plugin"] = s.plugin;
+    }
+    Some(status)
+}
+
+/// The leader's part: lists the built-ins as objects (created or brought
+/// up to date; those of built-ins no longer in the hub removed), then
+/// writes every object's status from `plugins`' outcomes, until `stop`.
+pub async fn run_status(
+    server: Arc<trainhub_apiserver::server::Server>,
+    plugins: Arc<ObjectPlugins>,
+    builtins: Vec<Arc<dyn PhasePlugin>>,
+    stop: impl Future<Output = ()>,
+) {
+    let store = server.store().clone();
+    if let Err(e) = install_builtins(&server, &builtins).await {
+        tracing::warn!(error = %e, "listing the built-in plugins as TrainerPlugins");
+    }
+    let mut outcomes = plugins.outcomes();
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tokio::pin!(stop);
+    loop {
+        let current = outcomes.borrow_and_update().clone();
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let (objects, _) = store.list(RESOURCE, None);
+        for object in objects {
+            let name = object.key.name.clone();
+            let Some(status) = desired_status(&object.value, current.get(&name), &builtins, &now)
+            else {
+                continue;
+            };
+            if object.value.get("status") == Some(&status) {
+                continue;
+            }
+            let mut value = object.value.as_ref().clone();
+            value["status"] = status;
+            match store
+                .commit(vec![Op::Update {
+                    key: object.key.clone(),
+                    value,
+                    expected: Some(object.rv),
+                }])
+                .await
+            {
+                Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => {}
+                Err(StoreError::Fenced(_)) => return,
+                Err(e) => {
+                    tracing::warn!(object = %name, error = %e, "writing a TrainerPlugin's status")
+                }
+            }
+        }
+        // Statuses also follow the objects (a new generation is written
+        // once its outcome is in); the tick catches writes that conflicted.
+        tokio::select! {
+            r = outcomes.changed() => if r.is_err() { return },
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+    }
+}
+
+async fn install_builtins(
+    server: &Arc<trainhub_apiserver::server::Server>,
+    builtins: &[Arc<dyn PhasePlugin>],
+) -> Result<(), String> {
+    let store = server.store();
+    let (existing, _) = store.list(RESOURCE, None);
+    let mut ops = Vec::new();
+    for plugin in builtins {
+        let object = builtin_object(plugin.as_ref());
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let key = Key::new(RESOURCE, None, &name);
+        match existing.iter().find(|o| o.key == key) {
+            Some(old) if old.value["spec"] == object["spec"] => {}
+            Some(old) => {
+                // A hub of another version listed it: its spec is this hub's now.
+                let mut value = old.value.as_ref().clone();
+                value["spec"] = object["spec"].clone();
+                let generation = value["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
+                value["metadata"]["generation"] = generation.into();
+                ops.push(Op::Update {
+                    key,
+                    value,
+                    expected: Some(old.rv),
+                });
+            }
+            None => match server.create_object(object).await {
+                Ok(_) => {}
+                Err(e) if e.code == 409 => {}
+                Err(e) => return Err(format!("{name}: {}", e.message)),
+            },
+        }
+    }
+    for old in &existing {
+        let builtin = old.value["metadata"]["labels"][LABEL_BUILTIN] == "true";
+        let gone = !builtins
+            .iter()
+            .any(|b| format!("builtin-{}", b.id().name) == old.key.name);
+        if builtin && gone {
+            ops.push(Op::Remove {
+                key: old.key.clone(),
+            });
+        }
+    }
+    if ops.is_empty() {
+        return Ok(());
+    }
+    store
+        .commit(ops)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Who the hub's own writes are made as (the API server's system user).
+const SYSTEM_USER: &str = "system:trainhub";
+
+fn is_builtin(object: &Value) -> bool {
+    object["metadata"]["labels"][LABEL_BUILTIN] == "true"
+        || object["spec"]["module"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("builtin:"))
+}
+
+/// Admission of `TrainerPlugin`s: the built-ins' objects are the hub's
+/// (read-only to everyone else), and a digest given twice must agree.
+pub struct PluginAdmission {
+    pub inner: Arc<dyn trainhub_apiserver::admission::Admission>,
+}
+
+impl trainhub_apiserver::admission::Admission for PluginAdmission {
+    fn admit(
+        &self,
+        request: &trainhub_apiserver::admission::Request<'_>,
+        object: &mut Value,
+    ) -> Result<trainhub_apiserver::admission::Outcome, trainhub_apiserver::status::ApiError> {
+        use trainhub_apiserver::admission::Operation;
+        use trainhub_apiserver::status::ApiError;
+        if request.resource.group != GROUP || request.resource.kind != KIND {
+            return self.inner.admit(request, object);
+        }
+        let builtin = is_builtin(object) || request.old.is_some_and(is_builtin);
+        if builtin && request.user.name != SYSTEM_USER && request.subresource.is_none() {
+            return Err(ApiError::forbidden_because(
+                GROUP,
+                &request.resource.plural,
+                request.name,
+                "the built-in plugins' objects are the hub's own: they list what is built in and cannot be created, changed or deleted",
+            ));
+        }
+        if request.operation != Operation::Delete && request.subresource.is_none() {
+            let spec: Spec = serde_json::from_value(object["spec"].clone()).unwrap_or_default();
+            if !builtin && let Err(e) = spec.digest() {
+                return Err(ApiError::invalid(
+                    GROUP,
+                    KIND,
+                    request.name,
+                    &[trainhub_apiserver::field::FieldError::invalid(
+                        "spec.sha256",
+                        object["spec"]["sha256"].clone(),
+                        e.message,
+                    )],
+                ));
+            }
+        }
+        Ok(trainhub_apiserver::admission::Outcome::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(value: Value) -> Spec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_digest_comes_from_sha256_or_the_reference_and_must_agree() {
+        let d = "a".repeat(64);
+        let e = "b".repeat(64);
+        assert_eq!(
+            spec(json!({"module": "file:///p.wasm", "sha256": d}))
+                .digest()
+                .unwrap(),
+            d
+        );
+        let pinned = format!("oci://r.example/p:1@sha256:{}", d.to_uppercase());
+        assert_eq!(spec(json!({"module": pinned})).digest().unwrap(), d);
+        let both = spec(json!({"module": format!("oci://r/p@sha256:{d}"), "sha256": e}));
+        assert_eq!(both.digest().unwrap_err().reason, REASON_INVALID);
+        let none = spec(json!({"module": "https://x/p.wasm"}));
+        assert!(
+            none.digest()
+                .unwrap_err()
+                .message
+                .contains("spec.sha256 is required")
+        );
+    }
+
+    fn empty_info() -> RuntimeInfo {
+        RuntimeInfo {
+            labels: Vec::new(),
+            annotations: Vec::new(),
+            ml_policy: "{}".into(),
+            pod_group_policy: None,
+            framework: None,
+            pod_sets: Vec::new(),
+            template: "{}".into(),
+        }
+    }
+
+    /// A native stand-in for a component, whose calls fail when `fail`.
+    struct Fake {
+        id: PluginId,
+        descriptor: sdk::Descriptor,
+        fail: bool,
+    }
+
+    impl Fake {
+        fn plugin(fail: bool) -> Arc<dyn PhasePlugin> {
+            Arc::new(Fake {
+                id: PluginId {
+                    name: "acme".into(),
+                    digest: "sha256:00".into(),
+                },
+                descriptor: sdk::Descriptor::new("acme", "1.0.0")
+                    .frameworks(["acme"])
+                    .validates()
+                    .builds(),
+                fail,
+            })
+        }
+
+        fn result<T>(&self, ok: T) -> Result<T, PluginError> {
+            if self.fail {
+                Err(PluginError::Load {
+                    plugin: self.id.clone(),
+                    reason: "trapped".into(),
+                })
+            } else {
+                Ok(ok)
+            }
+        }
+    }
+
+    impl PhasePlugin for Fake {
+        fn id(&self) -> &PluginId {
+            &self.id
+        }
+        fn descriptor(&self) -> &sdk::Descriptor {
+            &self.descriptor
+        }
+        fn validate(&self, _: &str, _: &str) -> Result<Validation, PluginError> {
+            let mut v = Validation::default();
+            v.warnings.push("checked".into());
+            self.result(v)
+        }
+        fn enforce_ml_policy(
+            &self,
+            info: RuntimeInfo,
+            _: &str,
+        ) -> Result<RuntimeInfo, PluginError> {
+            self.result(info)
+        }
+        fn enforce_pod_group_policy(
+            &self,
+            info: RuntimeInfo,
+            _: &str,
+        ) -> Result<RuntimeInfo, PluginError> {
+            self.result(info)
+        }
+        fn build(&self, _: &RuntimeInfo, _: &str, _: &Target) -> Result<Vec<String>, PluginError> {
+            self.result(vec!["{}".into()])
+        }
+        fn status(&self, _: &str, _: &str) -> Result<Option<String>, PluginError> {
+            self.result(None)
+        }
+    }
+
+    #[test]
+    fn an_object_narrows_phases_and_names_frameworks() {
+        let configured = Configured::new(
+            Fake::plugin(false),
+            &spec(json!({"module": "builtin:x", "phases": ["Build"], "frameworks": ["acme", "acme-v2"]})),
+        )
+        .unwrap();
+        assert_eq!(configured.descriptor().capabilities, Capabilities::BUILD);
+        assert_eq!(configured.descriptor().frameworks, ["acme", "acme-v2"]);
+        let unimplemented = Configured::new(
+            Fake::plugin(false),
+            &spec(json!({"module": "builtin:x", "phases": ["Status"]})),
+        )
+        .err()
+        .unwrap();
+        assert!(
+            unimplemented.message.contains("does not implement Status"),
+            "{unimplemented:?}"
+        );
+        assert!(
+            unimplemented.message.contains("Validate, Build"),
+            "{unimplemented:?}"
+        );
+    }
+
+    #[test]
+    fn failure_policy_ignore_goes_on_without_the_plugin() {
+        let ignore = Configured::new(
+            Fake::plugin(true),
+            &spec(json!({"module": "builtin:x", "failurePolicy": "Ignore"})),
+        )
+        .unwrap();
+        assert!(ignore.validate("{}", "{}").unwrap().warnings.is_empty());
+        assert!(
+            ignore
+                .build(&empty_info(), "{}", &sdk::testing::target("s"))
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(ignore.status("{}", "{}").unwrap(), None);
+        let fail =
+            Configured::new(Fake::plugin(true), &spec(json!({"module": "builtin:x"}))).unwrap();
+        assert!(fail.validate("{}", "{}").is_err());
+        let fine = Configured::new(
+            Fake::plugin(false),
+            &spec(json!({"module": "builtin:x", "failurePolicy": "Ignore"})),
+        )
+        .unwrap();
+        assert_eq!(fine.validate("{}", "{}").unwrap().warnings, ["checked"]);
+    }
+
+    #[test]
+    fn status_says_ready_or_why_not_and_what_still_serves() {
+        let object = json!({"metadata": {"name": "acme", "generation": 2},
+            "spec": {"module": "file:///p.wasm", "sha256": "00"}});
+        let serving = Serving::of("sha256:11".into(), Fake::plugin(false).descriptor(), false);
+        let loaded = Outcome {
+            generation: 2,
+            result: Ok(serving.clone()),
+            still_serving: None,
+        };
+        let now = "2026-11-26T00:00:00Z";
+        let status = desired_status(&object, Some(&loaded), &[], now).unwrap();
+        assert_eq!(status["conditions"][0]["status"], "True");
+        assert_eq!(status["conditions"][0]["reason"], REASON_LOADED);
+        assert_eq!(status["digest"], "sha256:11");
+        assert_eq!(status["plugin"]["phases"], json!(["Validate", "Build"]));
+        assert_eq!(status["observedGeneration"], 2);
+        // An outcome of an older generation says nothing yet.
+        let stale = Outcome {
+            generation: 1,
+            ..loaded.clone()
+        };
+        assert!(desired_status(&object, Some(&stale), &[], now).is_none());
+        let failed = Outcome {
+            generation: 2,
+            result: Err(LoadFailure::transient(
+                REASON_PULL_FAILED,
+                "registry.example: connection refused",
+            )),
+            still_serving: Some(serving),
+        };
+        let status = desired_status(&object, Some(&failed), &[], now).unwrap();
+        assert_eq!(status["conditions"][0]["status"], "False");
+        assert_eq!(status["conditions"][0]["reason"], REASON_PULL_FAILED);
+        assert!(
+            status["conditions"][0]["message"]
+                .as_str()
+                .unwrap()
+                .ends_with("(the earlier version sha256:11 keeps serving)"),
+            "{status}"
+        );
+        assert_eq!(status["digest"], "sha256:11");
+        // The transition time stays while the condition does.
+        let mut again = object.clone();
+        again["status"] = status.clone();
+        let later = desired_status(&again, Some(&failed), &[], "2027-01-01T00:00:00Z").unwrap();
+        assert_eq!(later["conditions"][0]["lastTransitionTime"], now);
+    }
+}

@@ -1,0 +1,187 @@
+//! `TrainerPlugin` objects through kubectl: the built-ins listed read-only,
+//! a module pinned by digest loaded without a restart (or refused with the
+//! reason in its status), live for admission at once, and gone when its
+//! object is deleted.
+
+use std::time::Duration;
+
+use sha2::Digest as _;
+
+use crate::common::{DevHub, tail};
+use crate::kubectl::eventually;
+
+/// The `Ready` condition of a TrainerPlugin as `status/reason/message`.
+fn ready(hub: &DevHub, name: &str) -> String {
+    let out = hub.kubectl(&[
+        "get",
+        "trainerplugin",
+        name,
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}/{.status.conditions[?(@.type=="Ready")].reason}/{.status.conditions[?(@.type=="Ready")].message}"#,
+    ]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn plugin_object(module: &str, sha256: &str, settings: &str, generation_note: &str) -> String {
+    format!(
+        "apiVersion: trainhub.kubeflow.org/v1alpha1\nkind: TrainerPlugin\nmetadata:\n  name: acme\n  annotations:\n    note: {generation_note}\nspec:\n  module: {module}\n  sha256: {sha256:?}\n  settings: {settings}\n"
+    )
+}
+
+fn apply(hub: &DevHub, yaml: &str) -> std::process::Output {
+    hub.kubectl_stdin(&["apply", "-f", "-"], Some(yaml))
+}
+
+#[test]
+fn trainer_plugins_are_installed_checked_and_removed_through_the_api() {
+    let hub = DevHub::start();
+    // The built-ins are listed, Ready, and read-only.
+    let mut table = String::new();
+    let listed = eventually(Duration::from_secs(30), || {
+        table = hub.kubectl_ok(&["get", "trainerplugins"]);
+        table.lines().any(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.first() == Some(&"builtin-torch")
+                && cells.get(1) == Some(&"True")
+                && cells.get(2) == Some(&"Builtin")
+        })
+    });
+    assert!(listed, "{table}\n{}", tail(&hub.log(), 30));
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "READY", "REASON", "VERSION", "FRAMEWORKS", "AGE"],
+        "{table}"
+    );
+    let refused = hub.kubectl(&["delete", "trainerplugin", "builtin-torch"]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("the built-in plugins' objects are the hub's own"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    // The acme component as a file on the hub, pinned by its digest.
+    let bytes =
+        std::fs::read(std::path::Path::new(trainhub::builtin::WASM_DIR).join("acme_plugin.wasm"))
+            .expect("the acme plugin is built with the hub");
+    let file = hub.dir.path().join("acme.wasm");
+    std::fs::write(&file, &bytes).unwrap();
+    let module = format!("file://{}", file.display());
+    let sha = hex::encode(sha2::Sha256::digest(&bytes));
+
+    // A wrong digest: refused, saying so.
+    let out = apply(
+        &hub,
+        &plugin_object(&module, &"0".repeat(64), "{cluster: c1}", "wrong-digest"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut state = String::new();
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            state = ready(&hub, "acme");
+            state.starts_with("False/DigestMismatch/")
+        }),
+        "{state}"
+    );
+    assert!(
+        state.contains(&sha),
+        "the message names the digest found: {state}"
+    );
+    // The right digest without the settings it requires.
+    apply(&hub, &plugin_object(&module, &sha, "{}", "no-settings"));
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            state = ready(&hub, "acme");
+            state.starts_with("False/SettingsRejected/") && state.contains("settings.cluster")
+        }),
+        "{state}"
+    );
+    // A digest given twice that disagrees is refused at the API.
+    let twice = plugin_object(
+        &format!("oci://r.example/acme:1@sha256:{}", "1".repeat(64)),
+        &sha,
+        "{}",
+        "x",
+    );
+    let out = apply(&hub, &twice);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("spec.sha256"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Acme's runtime: no plugin serves it yet.
+    let runtime = std::fs::read_to_string(hub_repo().join("examples/acme/runtime.yaml")).unwrap();
+    let out = apply(&hub, &runtime);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = |name: &str, with_project: bool| {
+        let env = if with_project {
+            "    env:\n      - name: ACME_PROJECT\n        value: recommender\n"
+        } else {
+            ""
+        };
+        format!(
+            "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: {name}\nspec:\n  runtimeRef:\n    name: acme-distributed\n  trainer:\n    numNodes: 1\n{env}"
+        )
+    };
+
+    // Loaded: Ready, its digest and description in the status, and live for
+    // admission without a restart.
+    apply(&hub, &plugin_object(&module, &sha, "{cluster: c1}", "good"));
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            state = ready(&hub, "acme");
+            state.starts_with("True/Loaded/")
+        }),
+        "{state}\n{}",
+        tail(&hub.log(), 30)
+    );
+    let digest = hub.kubectl_ok(&[
+        "get",
+        "trainerplugin",
+        "acme",
+        "-o",
+        "jsonpath={.status.digest} {.status.plugin.name} {.status.plugin.frameworks}",
+    ]);
+    assert_eq!(digest.trim(), format!("sha256:{sha} acme [\"acme\"]"));
+    let mut refusal = String::new();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let out = apply(&hub, &job("no-project", false));
+            refusal = String::from_utf8_lossy(&out.stderr).into_owned();
+            !out.status.success() && refusal.contains("ACME_PROJECT must be set")
+        }),
+        "{refusal}"
+    );
+    let out = apply(&hub, &job("with-project", true));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Deleted: the plugin is gone; acme's runtime falls back to plainml,
+    // which asks for no project.
+    hub.kubectl_ok(&["delete", "trainerplugin", "acme"]);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            apply(&hub, &job("after-delete", false)).status.success()
+        }),
+        "a TrainJob without ACME_PROJECT is still refused after the plugin's deletion"
+    );
+}
+
+fn hub_repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
