@@ -321,16 +321,13 @@ impl Hub {
         // What compiling them took goes back to the system now, not over the
         // allocator's decay time.
         crate::memory::release_freed();
-        let plugins = Arc::new(Registry::new(host, builtins, config.plugins_dir.clone()));
+        // The plugins directory is a source of TrainerPlugin objects (see
+        // `serve`), not scanned by the registry itself.
+        let plugins = Arc::new(Registry::new(host, builtins, None));
         let object_plugins = crate::plugins::objects::ObjectPlugins::new(
             plugins.clone(),
             Arc::new(crate::plugins::objects::Files),
         );
-        if config.plugins_dir.is_some() {
-            plugins
-                .watch(PLUGIN_RESCAN)
-                .context("watching the plugins directory")?;
-        }
         let tokens = match &config.token_file {
             Some(path) => Some(
                 TokenFile::load(path)
@@ -491,6 +488,17 @@ impl Hub {
         let cert = read(&self.config.tls_cert)?;
         let key = read(&self.config.tls_key)?;
         self.status_key.ensure().await?;
+        // The plugins are loaded before anything is dispatched: a TrainJob
+        // admitted with one finds it after a restart. The directory's
+        // objects are written now by the single writer, by the leader
+        // otherwise.
+        if let Some(dir) = &self.config.plugins_dir
+            && self.election.is_none()
+            && let Err(problem) = crate::plugins::objects::sync_dir(&self.server, dir).await
+        {
+            tracing::warn!(dir = %dir.display(), %problem, "plugins directory");
+        }
+        self.object_plugins.load_now(self.store.as_ref()).await;
         // The serving certificate follows its files (rotation without a
         // restart), for the API and the spokes' endpoint alike.
         let serving = ReloadingCert::load(
@@ -593,6 +601,7 @@ impl Hub {
             single_writer: self.election.is_none(),
             reporting: self.reporting.clone(),
             object_plugins: self.object_plugins.clone(),
+            plugins_dir: self.config.plugins_dir.clone(),
             peer: advertised_api.map(|api| (self.peer_token.clone(), api, cert.clone())),
         };
         // Every replica loads the TrainerPlugin objects.
@@ -651,6 +660,8 @@ struct Terms {
     reporting: Option<Arc<crate::trainer_status::Reporting>>,
     /// Whose outcomes the leader writes to the `TrainerPlugin`s' status.
     object_plugins: Arc<crate::plugins::objects::ObjectPlugins>,
+    /// A plugins directory whose components the leader keeps as objects.
+    plugins_dir: Option<PathBuf>,
     /// With replicas: the token, API address and serving certificate a
     /// leader publishes for the followers' pod-log requests.
     peer: Option<(Arc<crate::peer::PeerToken>, String, String)>,
@@ -715,6 +726,14 @@ impl Terms {
                 tasks.push(tokio::spawn(controller::events::run(
                     store.clone(),
                     self.event_ttl,
+                    wait(end_rx.clone()),
+                )));
+            }
+            if let Some(dir) = &self.plugins_dir {
+                tasks.push(tokio::spawn(crate::plugins::objects::run_dir(
+                    self.server.with_store(store.clone()),
+                    dir.clone(),
+                    PLUGIN_RESCAN,
                     wait(end_rx.clone()),
                 )));
             }

@@ -392,6 +392,13 @@ impl ObjectPlugins {
         self.outcomes.subscribe()
     }
 
+    /// Loads what `store` holds now.
+    pub async fn load_now(&self, store: &dyn Store) {
+        let (objects, _) = store.list(RESOURCE, None);
+        self.reconcile(objects.iter().map(|o| o.value.as_ref()))
+            .await;
+    }
+
     /// Loads what `store` holds, then follows it until `stop`.
     pub async fn run(self: Arc<Self>, store: Arc<dyn Store>, stop: impl Future<Output = ()>) {
         tokio::pin!(stop);
@@ -731,20 +738,39 @@ async fn install_builtins(
     server: &Arc<trainhub_apiserver::server::Server>,
     builtins: &[Arc<dyn PhasePlugin>],
 ) -> Result<(), String> {
+    let objects = builtins
+        .iter()
+        .map(|b| builtin_object(b.as_ref()))
+        .collect();
+    put_hub_objects(server, LABEL_BUILTIN, objects).await
+}
+
+/// Makes the objects labelled `label: "true"` exactly `wanted` (each with
+/// that label): creates the missing ones through the API (admission and
+/// defaults as for any create), gives changed ones their new spec (a new
+/// generation), removes the others. An object of a wanted name that is not
+/// the hub's (an admin's) is left alone.
+async fn put_hub_objects(
+    server: &Arc<trainhub_apiserver::server::Server>,
+    label: &str,
+    wanted: Vec<Value>,
+) -> Result<(), String> {
     let store = server.store();
     let (existing, _) = store.list(RESOURCE, None);
+    let ours = |o: &Value| o["metadata"]["labels"][label] == "true";
     let mut ops = Vec::new();
-    for plugin in builtins {
-        let object = builtin_object(plugin.as_ref());
-        let name = object["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let key = Key::new(RESOURCE, None, &name);
+    let mut problems = Vec::new();
+    for object in &wanted {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let key = Key::new(RESOURCE, None, name);
         match existing.iter().find(|o| o.key == key) {
+            Some(old) if !ours(&old.value) => {
+                problems.push(format!(
+                    "{name}: a TrainerPlugin of this name is not the hub's; left alone"
+                ));
+            }
             Some(old) if old.value["spec"] == object["spec"] => {}
             Some(old) => {
-                // A hub of another version listed it: its spec is this hub's now.
                 let mut value = old.value.as_ref().clone();
                 value["spec"] = object["spec"].clone();
                 let generation = value["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
@@ -755,32 +781,154 @@ async fn install_builtins(
                     expected: Some(old.rv),
                 });
             }
-            None => match server.create_object(object).await {
+            None => match server.create_object(object.clone()).await {
                 Ok(_) => {}
                 Err(e) if e.code == 409 => {}
-                Err(e) => return Err(format!("{name}: {}", e.message)),
+                Err(e) => problems.push(format!("{name}: {}", e.message)),
             },
         }
     }
     for old in &existing {
-        let builtin = old.value["metadata"]["labels"][LABEL_BUILTIN] == "true";
-        let gone = !builtins
+        let wanted_name = wanted
             .iter()
-            .any(|b| format!("builtin-{}", b.id().name) == old.key.name);
-        if builtin && gone {
+            .any(|w| w["metadata"]["name"].as_str() == Some(old.key.name.as_str()));
+        if ours(&old.value) && !wanted_name {
             ops.push(Op::Remove {
                 key: old.key.clone(),
             });
         }
     }
-    if ops.is_empty() {
-        return Ok(());
+    if !ops.is_empty()
+        && let Err(e) = store.commit(ops).await
+    {
+        problems.push(e.to_string());
     }
-    store
-        .commit(ops)
-        .await
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// Label of the objects made from the plugins directory.
+pub const LABEL_PLUGINS_DIR: &str = "trainhub.kubeflow.org/plugins-dir";
+
+/// The objects the plugins directory stands for: one per `NAME.wasm`,
+/// named `NAME` (lowercase, `_` as `-`), the module its `file://` path pinned by its digest, the
+/// settings and limits of its sidecar (`NAME.yaml`).
+pub fn dir_objects(dir: &std::path::Path) -> (Vec<Value>, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut listed = Vec::new();
+    let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let mut unlisted = Vec::new();
+    for wasm in super::registry::list_components(&dir, &mut unlisted) {
+        // An object's name is a DNS subdomain: `acme_plugin.wasm` is `acme-plugin`.
+        let name = wasm
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_lowercase().replace('_', "-"))
+            .unwrap_or_default();
+        let bytes = match std::fs::read(&wasm) {
+            Ok(b) if b.len() <= MAX_MODULE_BYTES => b,
+            Ok(b) => {
+                problems.push(format!(
+                    "{}: {} bytes, more than {MAX_MODULE_BYTES}",
+                    wasm.display(),
+                    b.len()
+                ));
+                continue;
+            }
+            Err(e) => {
+                problems.push(format!("{}: {e}", wasm.display()));
+                continue;
+            }
+        };
+        let sidecar =
+            match super::registry::sidecar_of(&wasm).map(|p| super::registry::read_sidecar(&p)) {
+                Some(Ok(s)) => s,
+                Some(Err(e)) => {
+                    problems.push(e);
+                    continue;
+                }
+                None => super::registry::Sidecar::default(),
+            };
+        let mut spec = json!({
+            "module": format!("file://{}", wasm.display()),
+            "sha256": hex::encode(sha2::Sha256::digest(&bytes)),
+        });
+        if let Some(settings) = sidecar.settings {
+            spec["settings"] = settings;
+        }
+        let mut limits = serde_json::Map::new();
+        for (field, value) in [
+            ("cpuMillis", sidecar.cpu_millis),
+            ("wallClockMillis", sidecar.wall_clock_millis),
+            ("memoryMiB", sidecar.memory_mib),
+        ] {
+            if let Some(v) = value {
+                limits.insert(field.into(), v.into());
+            }
+        }
+        if !limits.is_empty() {
+            spec["limits"] = limits.into();
+        }
+        listed.push(json!({
+            "apiVersion": format!("{GROUP}/v1alpha1"),
+            "kind": KIND,
+            "metadata": {"name": name, "labels": {LABEL_PLUGINS_DIR: "true"}},
+            "spec": spec,
+        }));
+    }
+    problems.extend(
+        unlisted
+            .into_iter()
+            .map(|(p, e)| format!("{}: {e}", p.display())),
+    );
+    (listed, problems)
+}
+
+/// Makes the objects of the plugins directory `dir` what it holds now.
+///
+/// # Errors
+///
+/// What could not be read or written, by file or object.
+pub async fn sync_dir(
+    server: &Arc<trainhub_apiserver::server::Server>,
+    dir: &std::path::Path,
+) -> Result<(), String> {
+    let (objects, mut problems) = dir_objects(dir);
+    if let Err(e) = put_hub_objects(server, LABEL_PLUGINS_DIR, objects).await {
+        problems.push(e);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// The leader's part for a plugins directory: keeps its objects in step
+/// with it, checking every `interval`, until `stop`.
+pub async fn run_dir(
+    server: Arc<trainhub_apiserver::server::Server>,
+    dir: PathBuf,
+    interval: Duration,
+    stop: impl Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let mut last_problem = None;
+    loop {
+        let result = sync_dir(&server, &dir).await.err();
+        if result != last_problem {
+            if let Some(problem) = &result {
+                tracing::warn!(dir = %dir.display(), %problem, "plugins directory");
+            }
+            last_problem = result;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = &mut stop => return,
+        }
+    }
 }
 
 /// Who the hub's own writes are made as (the API server's system user).

@@ -61,14 +61,14 @@ impl Snapshot {
 /// Settings and limits of one plugin file, from its sidecar.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct Sidecar {
+pub(crate) struct Sidecar {
     #[serde(default)]
-    settings: Option<serde_json::Value>,
+    pub settings: Option<serde_json::Value>,
     #[serde(alias = "timeoutMillis")]
-    cpu_millis: Option<u64>,
-    wall_clock_millis: Option<u64>,
+    pub cpu_millis: Option<u64>,
+    pub wall_clock_millis: Option<u64>,
     #[serde(rename = "memoryMiB")]
-    memory_mib: Option<u64>,
+    pub memory_mib: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -349,7 +349,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn list_components(dir: &Path, problems: &mut Vec<(PathBuf, String)>) -> Vec<PathBuf> {
+pub(crate) fn list_components(dir: &Path, problems: &mut Vec<(PathBuf, String)>) -> Vec<PathBuf> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
@@ -372,12 +372,17 @@ fn stat(path: &Path) -> std::io::Result<(SystemTime, u64)> {
     Ok((meta.modified()?, meta.len()))
 }
 
-fn fingerprint(wasm: &Path) -> Result<Fingerprint, String> {
-    let wasm_stat = stat(wasm).map_err(|e| format!("{}: {e}", wasm.display()))?;
-    let sidecar = ["yaml", "yml", "json"]
+/// The sidecar of a component (`NAME.yaml`, `.yml` or `.json`), if any.
+pub(crate) fn sidecar_of(wasm: &Path) -> Option<PathBuf> {
+    ["yaml", "yml", "json"]
         .iter()
         .map(|ext| wasm.with_extension(ext))
         .find(|p| p.exists())
+}
+
+fn fingerprint(wasm: &Path) -> Result<Fingerprint, String> {
+    let wasm_stat = stat(wasm).map_err(|e| format!("{}: {e}", wasm.display()))?;
+    let sidecar = sidecar_of(wasm)
         .map(|p| {
             stat(&p)
                 .map(|(t, l)| (p.clone(), t, l))
@@ -390,7 +395,7 @@ fn fingerprint(wasm: &Path) -> Result<Fingerprint, String> {
     })
 }
 
-fn read_sidecar(path: &Path) -> Result<Sidecar, String> {
+pub(crate) fn read_sidecar(path: &Path) -> Result<Sidecar, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let parsed = if path.extension().is_some_and(|e| e == "json") {
