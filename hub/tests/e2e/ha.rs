@@ -963,3 +963,132 @@ fn kubeflow_sdk_suite_passes_against_the_etcd_store() {
     crate::sdk::sdk_suite(&["--etcd-servers", &endpoints]);
     drop(etcd);
 }
+
+/// A TrainerPlugin applied through one replica is loaded by both: each
+/// admits with it (the follower too), the leader builds with it, and the
+/// follower reports it Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trainer_plugin_applied_through_one_replica_serves_on_both() {
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(etcd) = local_etcd(1, dir.path()) else {
+        return;
+    };
+    let endpoints = etcd.endpoints().join(",");
+    let mut args = vec![
+        "--etcd-servers",
+        &endpoints,
+        "--replicas",
+        "2",
+        "--spokes",
+        "1",
+    ];
+    args.extend(ELECTION);
+    let hub = crate::common::DevHub::start_args(&args, |_| {});
+    // The second replica's API, as the hub logs it.
+    let second = hub
+        .log()
+        .lines()
+        .find(|l| l.contains("hub replica serving") && l.contains("replica=2"))
+        .and_then(|l| l.split("api=").nth(1))
+        .and_then(|a| a.split_whitespace().next())
+        .map(|a| format!("https://{a}"))
+        .expect("the second replica's address in the log");
+    let via_second = |args: &[&str], stdin: Option<&str>| {
+        let mut all = vec!["--server", second.as_str()];
+        all.extend_from_slice(args);
+        hub.kubectl_stdin(&all, stdin)
+    };
+
+    let bytes = std::fs::read(PathBuf::from(trainhub::builtin::WASM_DIR).join("acme_plugin.wasm"))
+        .expect("the acme plugin is built with the hub");
+    let file = dir.path().join("acme.wasm");
+    std::fs::write(&file, &bytes).unwrap();
+    let plugin = format!(
+        "apiVersion: trainhub.kubeflow.org/v1alpha1\nkind: TrainerPlugin\nmetadata:\n  name: acme\nspec:\n  module: file://{}\n  sha256: \"{}\"\n  settings: {{cluster: c1}}\n",
+        file.display(),
+        hex::encode(sha2::Sha256::digest(&bytes))
+    );
+    let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(&plugin));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runtime = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/acme/runtime.yaml"),
+    )
+    .unwrap();
+    let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(&runtime));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::common::eventually(
+        "acme Ready, as the second replica reads it",
+        &hub,
+        Duration::from_secs(60),
+        || {
+            let out = via_second(
+                &[
+                    "get",
+                    "tplugin",
+                    "acme",
+                    "-o",
+                    "jsonpath={.status.conditions[0].status}",
+                ],
+                None,
+            );
+            (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
+        },
+    )
+    .await;
+
+    let job = |name: &str, project: bool| {
+        let env = if project {
+            "    env:\n      - name: ACME_PROJECT\n        value: recommender\n"
+        } else {
+            ""
+        };
+        format!(
+            "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: {name}\nspec:\n  runtimeRef:\n    name: acme-distributed\n  trainer:\n    numNodes: 1\n    command: [\"true\"]\n{env}"
+        )
+    };
+    // Each replica admits with the plugin.
+    for (replica, name) in [(0, "no-project-1"), (1, "no-project-2")] {
+        let out = if replica == 0 {
+            hub.kubectl_stdin(&["create", "-f", "-"], Some(&job(name, false)))
+        } else {
+            via_second(&["create", "-f", "-"], Some(&job(name, false)))
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("ACME_PROJECT must be set"),
+            "replica {}: {stderr}",
+            replica + 1
+        );
+    }
+    // Created through the follower, built by the leader with the plugin:
+    // its pods have acme's env and sidecar.
+    let out = via_second(&["create", "-f", "-"], Some(&job("built", true)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    crate::common::eventually("built's pod with acme's sidecar and env", &hub, Duration::from_secs(90), || {
+        let out = hub.kubectl(&[
+            "get",
+            "pods",
+            "-l",
+            "jobset.sigs.k8s.io/jobset-name=built",
+            "-o",
+            "jsonpath={.items[0].spec.containers[*].name} {.items[0].spec.containers[0].env[?(@.name==\"ACME_CLUSTER\")].value}",
+        ]);
+        (String::from_utf8_lossy(&out.stdout).trim() == "node acme-agent c1").then_some(())
+    })
+    .await;
+    drop(hub);
+    drop(etcd);
+}
