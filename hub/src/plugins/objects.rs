@@ -128,19 +128,40 @@ pub async fn read_file_module(module: &str) -> Result<Vec<u8>, LoadFailure> {
     let meta = tokio::fs::metadata(&path).await.map_err(|e| {
         LoadFailure::transient(REASON_PULL_FAILED, format!("{}: {e}", path.display()))
     })?;
-    if meta.len() > MAX_MODULE_BYTES as u64 {
+    if !meta.is_file() {
         return Err(LoadFailure::new(
             REASON_PULL_FAILED,
-            format!(
-                "{}: {} bytes, more than the {MAX_MODULE_BYTES} a module may have",
-                path.display(),
-                meta.len()
-            ),
+            format!("{}: not a regular file", path.display()),
         ));
     }
-    tokio::fs::read(&path)
+    let too_large = || {
+        LoadFailure::new(
+            REASON_PULL_FAILED,
+            format!(
+                "{}: more than the {MAX_MODULE_BYTES} bytes a module may have",
+                path.display()
+            ),
+        )
+    };
+    if meta.len() > MAX_MODULE_BYTES as u64 {
+        return Err(too_large());
+    }
+    // Read at most one byte past the cap: the file may grow meanwhile.
+    use tokio::io::AsyncReadExt as _;
+    let file = tokio::fs::File::open(&path).await.map_err(|e| {
+        LoadFailure::transient(REASON_PULL_FAILED, format!("{}: {e}", path.display()))
+    })?;
+    let mut bytes = Vec::new();
+    file.take(MAX_MODULE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
         .await
-        .map_err(|e| LoadFailure::transient(REASON_PULL_FAILED, format!("{}: {e}", path.display())))
+        .map_err(|e| {
+            LoadFailure::transient(REASON_PULL_FAILED, format!("{}: {e}", path.display()))
+        })?;
+    if bytes.len() > MAX_MODULE_BYTES {
+        return Err(too_large());
+    }
+    Ok(bytes)
 }
 
 /// A `TrainerPlugin`'s spec, as the loader reads it (the API validated it).
@@ -992,6 +1013,34 @@ mod tests {
 
     fn spec(value: Value) -> Spec {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[tokio::test]
+    async fn file_modules_are_regular_files_within_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.wasm");
+        std::fs::write(&path, b"\0asm").unwrap();
+        let module = format!("file://{}", path.display());
+        assert_eq!(read_file_module(&module).await.unwrap(), b"\0asm");
+        let dev = read_file_module("file:///dev/zero").await.unwrap_err();
+        assert!(dev.message.contains("not a regular file"), "{dev:?}");
+        let missing = read_file_module("file:///nonexistent/m.wasm")
+            .await
+            .unwrap_err();
+        assert!(missing.transient && missing.reason == REASON_PULL_FAILED);
+        let other = read_file_module("https://example.invalid/m.wasm")
+            .await
+            .unwrap_err();
+        assert!(!other.transient);
+        let big = dir.path().join("big.wasm");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_MODULE_BYTES as u64 + 1)
+            .unwrap();
+        let e = read_file_module(&format!("file://{}", big.display()))
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("more than"), "{e:?}");
     }
 
     #[test]
