@@ -19,10 +19,9 @@ use crate::backend::{Capacity, PodSetRequest};
 
 /// The resource that counts pods on a node.
 pub const PODS: &str = "pods";
-/// The node label with the GPU's product name (NVIDIA GPU feature discovery).
-pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+pub use crate::backend::process::devices::GPU_PRODUCT_LABEL;
 /// The GPU resource whose count ranks GPU products.
-const GPU_RESOURCE: &str = "nvidia.com/gpu";
+use crate::backend::process::devices::GPU_RESOURCE;
 
 /// Milli-units per resource.
 pub type Resources = BTreeMap<String, i64>;
