@@ -14,14 +14,14 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+// GPU_RESOURCE: the GPU resource whose count ranks GPU products.
+pub use crate::backend::process::devices::GPU_PRODUCT_LABEL;
+use crate::backend::process::devices::GPU_RESOURCE;
 use crate::backend::process::{format_milli, parse_quantity_milli};
 use crate::backend::{Capacity, PodSetRequest};
 
 /// The resource that counts pods on a node.
 pub const PODS: &str = "pods";
-pub use crate::backend::process::devices::GPU_PRODUCT_LABEL;
-/// The GPU resource whose count ranks GPU products.
-use crate::backend::process::devices::GPU_RESOURCE;
 
 /// Milli-units per resource.
 pub type Resources = BTreeMap<String, i64>;
