@@ -67,8 +67,9 @@ pub struct Args {
     pub work_dir: PathBuf,
     /// Process backend: declared capacity, `RESOURCE=QUANTITY` comma
     /// separated (e.g. `cpu=8,memory=32Gi,nvidia.com/gpu=0`). Default: the
-    /// machine's CPUs, its memory less max(1Gi, 10%), and the GPUs
-    /// `nvidia-smi` lists (see docs/gpus.md).
+    /// machine's CPUs, its memory less max(1Gi, 10%), the NVIDIA GPUs
+    /// `nvidia-smi` lists and the AMD GPUs of the KFD topology in sysfs
+    /// (see docs/gpus.md).
     #[arg(long)]
     pub capacity: Option<String>,
     /// Process backend, spoke running as root: the uids runs get, one per
@@ -208,20 +209,19 @@ fn say_capacity(capacity: &BTreeMap<String, i64>, machine: &devices::Discovered)
         .iter()
         .map(|(k, v)| format!("{k}={}", format_milli(*v)))
         .collect();
-    let gpus: Vec<&str> = machine.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let gpus: Vec<&str> = machine.gpus.iter().map(|g| g.id.as_str()).collect();
     tracing::info!(capacity = %shown.join(","), ?gpus, "process backend capacity");
-    let declared = capacity.get(devices::GPU_RESOURCE).copied().unwrap_or(0);
-    let found = machine
-        .capacity
-        .get(devices::GPU_RESOURCE)
-        .copied()
-        .unwrap_or(0);
-    if declared != found && !machine.gpus.is_empty() {
-        tracing::warn!(
-            declared = %format_milli(declared),
-            found = %format_milli(found),
-            "--capacity declares another number of nvidia.com/gpu than nvidia-smi lists: pods get only listed GPUs, and wait for them"
-        );
+    for vendor in devices::Vendor::ALL {
+        let resource = vendor.resource();
+        let declared = capacity.get(resource).copied().unwrap_or(0);
+        let found = machine.capacity.get(resource).copied().unwrap_or(0);
+        if declared != found && found > 0 {
+            tracing::warn!(
+                declared = %format_milli(declared),
+                found = %format_milli(found),
+                "--capacity declares another number of {resource} than were found: pods get only GPUs found, and wait for them"
+            );
+        }
     }
 }
 
@@ -271,20 +271,22 @@ pub async fn run(args: Args) -> Result<()> {
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend: Arc<dyn crate::backend::Backend> = match backend {
         BackendKind::Process => {
-            // nvidia-smi may take seconds: not on a worker thread.
-            let machine = tokio::task::spawn_blocking(|| devices::discover(None))
-                .await
-                .context("discovering the machine's capacity")?;
+            // nvidia-smi and rocm-smi may take seconds: not on a worker thread.
+            let machine = tokio::task::spawn_blocking(|| {
+                devices::discover(None, std::path::Path::new(devices::SYSFS))
+            })
+            .await
+            .context("discovering the machine's capacity")?;
             let capacity = match capacity {
                 Some(text) => parse_capacity(&text)?,
                 None => machine.capacity.clone(),
             };
             say_capacity(&capacity, &machine);
-            if let Some(product) = machine.product.clone() {
+            for (label, product) in &machine.labels {
                 config
                     .labels
-                    .entry(GPU_PRODUCT_LABEL.to_string())
-                    .or_insert(product);
+                    .entry(label.clone())
+                    .or_insert_with(|| product.clone());
             }
             ProcessBackend::new(
                 ProcessConfig {

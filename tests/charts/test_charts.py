@@ -518,6 +518,18 @@ class BinaryFlagsTest(unittest.TestCase):
                 for required in ("hub", "ca", "cert", "key", "http-address"):
                     self.assertTrue(any(a.startswith(f"--{required}=") for a in container["args"]), required)
 
+    def test_a_process_spoke_passes_capacity_only_when_declared(self):
+        process = merge(CHARTS_UNDER_TEST["trainspoke"]["required"], {"backend": "process"})
+
+        def args(values: dict) -> list[str]:
+            (deployment,) = [o for _, o in render("trainspoke", values) if o["kind"] == "Deployment"]
+            return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+        self.assertEqual([a for a in args(process) if a.startswith("--capacity")], [], "empty: the spoke discovers it")
+        declared = args(merge(process, {"process": {"capacity": "cpu=2,memory=4Gi,amd.com/gpu=8"}}))
+        self.assertIn("--capacity=cpu=2,memory=4Gi,amd.com/gpu=8", declared)
+        self.assertEqual(spoke_flags().check(declared), [])
+
 
 def free_port() -> int:
     with socket.socket() as s:

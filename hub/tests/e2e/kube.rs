@@ -1,7 +1,8 @@
 //! The hub with spokes on the Kubernetes backend, each against its own
-//! stand-in API server with the simulator playing the cluster: the JobSet a
-//! TrainJob becomes in the spoke's cluster, its status back at the hub,
-//! deletion, failure, the MPI objects, and gang admission against the nodes.
+//! stand-in API server (or kmock) with the simulator playing the cluster:
+//! the JobSet a TrainJob becomes in the spoke's cluster, its status back at
+//! the hub, deletion, failure, the MPI and Flux objects, and gang admission
+//! against the nodes.
 
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,9 @@ use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use trainhub_apiserver::pki::Ca;
-use trainhub_kube_standin::{NodeSpec, SimConfig, Simulator, Standin, StandinConfig};
+use trainhub_kube_standin::{
+    ApiServer, Kmock, NodeSpec, SimConfig, Simulator, Standin, StandinConfig,
+};
 use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::kube::objects::Kind;
 use trainhub_spoke::backend::kube::{KubeBackend, KubeConfig};
@@ -75,28 +78,33 @@ impl Backend for Recorded {
     }
 }
 
-/// A spoke in this process: a stand-in cluster, its simulator, the kube
-/// backend and the agent.
+/// A spoke in this process: a cluster (the stand-in or kmock), its
+/// simulator, the kube backend and the agent.
 struct KubeSpoke {
-    standin: Standin,
+    server: ApiServer,
     sim: Option<Simulator>,
     backend: Arc<Recorded>,
     agent: JoinHandle<()>,
 }
 
 impl KubeSpoke {
+    /// A spoke on a stand-in of `nodes` (none: the stand-in's default).
     async fn start(ca: &Ca, name: &str, grpc_port: u16, nodes: Vec<NodeSpec>) -> KubeSpoke {
         let mut config = StandinConfig::default();
         if !nodes.is_empty() {
             config.nodes = nodes;
         }
         let standin = Standin::start(config).await.unwrap();
-        let sim = Simulator::start(standin.client().await.unwrap(), SimConfig::default());
+        Self::start_on(ca, name, grpc_port, ApiServer::Standin(standin)).await
+    }
+
+    /// A spoke on `server`, labelled `name=<name>`.
+    async fn start_on(ca: &Ca, name: &str, grpc_port: u16, server: ApiServer) -> KubeSpoke {
+        let sim = Simulator::start(server.client().await.unwrap(), SimConfig::default());
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let inner =
-            KubeBackend::connect(standin.client().await.unwrap(), KubeConfig::default(), tx)
-                .await
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let inner = KubeBackend::connect(server.client().await.unwrap(), KubeConfig::default(), tx)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let backend = Arc::new(Recorded {
             inner,
             admissions: Mutex::new(Vec::new()),
@@ -122,7 +130,7 @@ impl KubeSpoke {
             std::future::pending(),
         ));
         KubeSpoke {
-            standin,
+            server,
             sim: Some(sim),
             backend,
             agent,
@@ -135,7 +143,7 @@ impl KubeSpoke {
 
     async fn object(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
         let api: Api<DynamicObject> = Api::namespaced_with(
-            self.standin.client().await.unwrap(),
+            self.server.client().await.unwrap(),
             namespace,
             &kind.api_resource(),
         );
@@ -150,7 +158,7 @@ impl KubeSpoke {
         if let Some(sim) = self.sim.take() {
             sim.stop().await;
         }
-        self.standin.shutdown().await;
+        self.server.shutdown().await;
     }
 }
 
@@ -199,8 +207,8 @@ fn condition_true(trainjob: &Value, kind: &str) -> bool {
         })
 }
 
-/// The JobSet `trainctl render` prints for `file` with the built-in runtimes.
-fn rendered_jobset(file: &str) -> Value {
+/// The objects `trainctl render` prints for `file` with the built-in runtimes.
+fn rendered(file: &str) -> Vec<Value> {
     let cache = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
     let out = Command::new(env!("CARGO_BIN_EXE_trainctl"))
         .args(["render", "-f", file, "-o", "json"])
@@ -213,13 +221,21 @@ fn rendered_jobset(file: &str) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
+    list["items"].as_array().unwrap().clone()
+}
+
+/// The object of `kind` among `objects`.
+fn of_kind(objects: &[Value], kind: &str) -> Value {
+    objects
         .iter()
-        .find(|o| o["kind"] == "JobSet")
+        .find(|o| o["kind"] == kind)
         .cloned()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no {kind} among {objects:#?}"))
+}
+
+/// The JobSet `trainctl render` prints for `file` with the built-in runtimes.
+fn rendered_jobset(file: &str) -> Value {
+    of_kind(&rendered(file), "JobSet")
 }
 
 /// A JobSet spec with the defaults its CRD schema gives (`groupName`,
@@ -445,4 +461,161 @@ async fn a_pod_failing_past_the_jobsets_restarts_fails_the_trainjob() {
     let node = jobs.iter().find(|j| j["name"] == "node").unwrap();
     assert!(node["failed"].as_i64().unwrap_or(0) >= 1, "{jobs:?}");
     spoke.shutdown().await;
+}
+
+/// Upstream's `examples/flux/lammps-train-job.yaml` (LAMMPS on two nodes of
+/// four processes under Flux), named `name` and placed on the spoke
+/// labelled `name=<spoke>`.
+fn lammps_flux(name: &str, spoke: &str) -> String {
+    format!(
+        r#"
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: {name}
+  annotations:
+    trainhub.kubeflow.org/spoke-selector: name={spoke}
+spec:
+  runtimeRef:
+    name: flux-distributed
+  trainer:
+    numNodes: 2
+    numProcPerNode: 4
+    image: ghcr.io/converged-computing/metric-lammps:latest
+    command: ["lmp", "-v", "x", "4", "-v", "y", "4", "-v", "z", "4", "-in", "in.reaxc.hns", "-nocite"]
+    env:
+      - name: FLUX_VIEW_IMAGE
+        value: ghcr.io/converged-computing/flux-view-ubuntu:tag-jammy
+"#
+    )
+}
+
+/// What lands in a spoke's cluster for the Flux TrainJob `name` is what
+/// upstream builds (upstream `pkg/runtime/framework/plugins/flux/flux.go`):
+/// the JobSet as `trainctl render` prints it, with the `flux-installer` init
+/// container and the five volumes in upstream's order; the ConfigMap
+/// `<name>-flux-entrypoint` with `init.sh` and `entrypoint.sh` as rendered;
+/// the immutable Secret `<name>-flux-curve` with its `curve.cert` (a key
+/// pair of its own: the render's differs). Both belong to the JobSet in the cluster, and the TrainJob
+/// completes.
+async fn flux_objects_land_as_built(hub: &DevHub, spoke: &KubeSpoke, name: &str, file: &str) {
+    let server = spoke.server.name();
+    let (h, s) = (hub, spoke);
+    let jobset = eventually("the Flux JobSet in the spoke's cluster", h, move || {
+        s.jobset("default", name)
+    })
+    .await;
+    let built = rendered(file);
+    let rendered_jobset = of_kind(&built, "JobSet");
+    assert_eq!(
+        without_trace_env(jobset["spec"].clone()),
+        without_trace_env(with_schema_defaults(rendered_jobset["spec"].clone())),
+        "{server}: the applied JobSet differs from the rendered one"
+    );
+    let pod = &jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["initContainers"][0]["name"], "flux-installer",
+        "{server}: {pod:#}"
+    );
+    assert_eq!(
+        pod["initContainers"][0]["command"],
+        serde_json::json!(["/bin/bash", "/etc/flux-config/init.sh"]),
+        "{server}"
+    );
+    let scripts = format!("{name}-flux-entrypoint");
+    let curve = format!("{name}-flux-curve");
+    assert_eq!(
+        pod["volumes"],
+        serde_json::json!([
+            {"name": "spack-install", "emptyDir": {}},
+            {"name": "flux-install", "emptyDir": {}},
+            {"name": scripts, "configMap": {"name": scripts, "defaultMode": 493}},
+            {"name": "shared-memory", "emptyDir": {"medium": "Memory"}},
+            {"name": "flux-curve", "secret": {"secretName": curve, "defaultMode": 256}},
+        ]),
+        "{server}"
+    );
+
+    let config_map = spoke
+        .object(Kind::ConfigMap, "default", &scripts)
+        .await
+        .unwrap_or_else(|| panic!("{server}: no ConfigMap {scripts}"));
+    assert_eq!(
+        config_map["data"],
+        of_kind(&built, "ConfigMap")["data"],
+        "{server}: the scripts as rendered"
+    );
+    let secret = spoke
+        .object(Kind::Secret, "default", &curve)
+        .await
+        .unwrap_or_else(|| panic!("{server}: no Secret {curve}"));
+    assert_eq!(secret["immutable"], true, "{server}: {secret:#}");
+    assert!(
+        secret["type"].is_null() || secret["type"] == "Opaque",
+        "{server}: {secret:#}"
+    );
+    let keys = |s: &Value| -> Vec<String> {
+        s["data"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect()
+    };
+    assert_eq!(keys(&secret), ["curve.cert"], "{server}: {secret:#}");
+    assert_eq!(
+        keys(&secret),
+        keys(&of_kind(&built, "Secret")),
+        "{server}: a fresh key pair, under the rendered key"
+    );
+    for owned in [&config_map, &secret] {
+        let owner = &owned["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["kind"], "JobSet", "{server}: {owned:#}");
+        assert_eq!(
+            owner["uid"], jobset["metadata"]["uid"],
+            "{server}: {owned:#}"
+        );
+    }
+    eventually("the Flux TrainJob Complete", h, move || async move {
+        trainjob(h, name).filter(|t| condition_true(t, "Complete"))
+    })
+    .await;
+}
+
+/// A Flux TrainJob on a kube spoke against the stand-in, and one against
+/// kmock (when it can be started here: it needs `kmock` from PyPI through
+/// `TRAINHUB_PYTHON`; required where `TRAINHUB_REQUIRE_KMOCK` is set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flux_trainjob_lands_on_the_kube_spokes_as_upstream_builds_it() {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(&["--spokes", "0", "--grpc-port", &port], |_| {});
+    let ca = hub.ca();
+    let mut spokes = vec![KubeSpoke::start(&ca, "standin", grpc, Vec::new()).await];
+    match Kmock::start(StandinConfig::default()).await {
+        Ok(kmock) => {
+            spokes.push(KubeSpoke::start_on(&ca, "kmock", grpc, ApiServer::Kmock(kmock)).await)
+        }
+        Err(e) if std::env::var_os("TRAINHUB_REQUIRE_KMOCK").is_some() => {
+            panic!("kmock is required here (TRAINHUB_REQUIRE_KMOCK is set): {e:#}")
+        }
+        Err(e) => eprintln!("kmock not available, the Flux job runs on the stand-in only: {e:#}"),
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut files = Vec::new();
+    for spoke in &spokes {
+        let spoke_name = spoke.server.name();
+        let name = format!("lammps-{spoke_name}");
+        let yaml = lammps_flux(&name, spoke_name);
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, &yaml).unwrap();
+        hub.kubectl_stdin(&["apply", "-f", "-"], Some(&yaml));
+        files.push((name, file));
+    }
+    for (spoke, (name, file)) in spokes.iter().zip(&files) {
+        flux_objects_land_as_built(&hub, spoke, name, file.to_str().unwrap()).await;
+    }
+    for spoke in spokes {
+        spoke.shutdown().await;
+    }
 }

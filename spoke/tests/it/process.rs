@@ -1377,19 +1377,26 @@ fn fake_nvidia_smi() -> tempfile::TempDir {
     bin
 }
 
-/// A pod that requests `gpus` GPUs, prints its hostname and GPU env, and
-/// waits (at most 30 s) for `go` to exist.
-fn gpu_pod(gpus: u32, go: &std::path::Path) -> Value {
+/// A pod that requests `gpus` of `resource`, prints `print` (shell
+/// words: its hostname and GPU env), and waits (at most 30 s) for `go` to
+/// exist.
+fn device_pod(resource: &str, gpus: u32, print: &str, go: &std::path::Path) -> Value {
     let script = format!(
-        "echo \"host=$HOSTNAME cuda=$CUDA_VISIBLE_DEVICES nvidia=$NVIDIA_VISIBLE_DEVICES\"\n\
+        "echo \"{print}\"\n\
          i=0; while [ ! -e {go} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done",
         go = go.display()
     );
     let mut c = container("c", json!(["sh", "-c", script]), json!([]));
     if gpus > 0 {
-        c["resources"] = json!({"limits": {"nvidia.com/gpu": gpus.to_string()}});
+        c["resources"] = json!({"limits": {resource: gpus.to_string()}});
     }
     c
+}
+
+/// A pod that requests `gpus` NVIDIA GPUs (see [`device_pod`]).
+fn gpu_pod(gpus: u32, go: &std::path::Path) -> Value {
+    let print = "host=$HOSTNAME cuda=$CUDA_VISIBLE_DEVICES nvidia=$NVIDIA_VISIBLE_DEVICES";
+    device_pod("nvidia.com/gpu", gpus, print, go)
 }
 
 /// A backend giving pods `gpus` and declaring `gpus_milli` of
@@ -1403,11 +1410,56 @@ fn gpu_harness(gpus: Vec<Gpu>, gpus_milli: i64) -> (Harness, std::path::PathBuf)
 
 /// Starts run `name`: `pods` pods of `gpus` GPUs each (see [`gpu_pod`]).
 async fn start_gpu_run(h: &Harness, name: &str, pods: u32, gpus: u32, go: &std::path::Path) {
+    start_pods(h, name, pods, gpu_pod(gpus, go)).await;
+}
+
+/// Starts run `name`: `pods` pods of container `pod`.
+async fn start_pods(h: &Harness, name: &str, pods: u32, pod: Value) {
     let js = jobset(
         name,
-        json!({"replicatedJobs": [rjob("node", pods, json!([gpu_pod(gpus, go)]))]}),
+        json!({"replicatedJobs": [rjob("node", pods, json!([pod]))]}),
     );
     h.start(run_spec(name, name, vec![js])).await.unwrap();
+}
+
+/// Runs `two` (two pods of `pod(2)`, two GPUs each) and, once they run,
+/// `cpu` (one pod of `pod(0)`, no GPU) beside them; the report of `two`'s
+/// running pods, once `cpu`'s runs too and holds no GPU.
+async fn two_gpu_pods_and_a_cpu_pod(h: &mut Harness, pod: impl Fn(u32) -> Value) -> RunReport {
+    start_pods(h, "two", 2, pod(2)).await;
+    let running = h
+        .wait_for(&key("two"), "two running pods", |r| {
+            phases(r) == ["Running", "Running"]
+        })
+        .await;
+    start_pods(h, "cpu", 1, pod(0)).await;
+    let cpu_running = h
+        .wait_for(&key("cpu"), "a running pod", |r| phases(r) == ["Running"])
+        .await;
+    assert!(devices_of(&cpu_running.pods[0]).is_empty());
+    running
+}
+
+/// Lets the pods of [`two_gpu_pods_and_a_cpu_pod`] end (`go`): each pod of
+/// `two`, completed, with its log, and the log of `cpu`'s pod.
+async fn their_logs(h: &mut Harness, go: &std::path::Path) -> (Vec<(Value, String)>, String) {
+    std::fs::write(go, "").unwrap();
+    let done = h
+        .wait_for(&key("two"), "a terminal state", |r| r.finished)
+        .await;
+    assert_eq!(terminal(&done), Some("Completed"));
+    let mut logs = Vec::new();
+    for pod in done.pods {
+        let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+        let log = read_log(&h.backend, "two", &name, None, false, None).await;
+        logs.push((pod, log));
+    }
+    let cpu_done = h
+        .wait_for(&key("cpu"), "a terminal state", |r| r.finished)
+        .await;
+    let name = cpu_done.pods[0]["metadata"]["name"].as_str().unwrap();
+    let cpu_log = read_log(&h.backend, "cpu", name, None, false, None).await;
+    (logs, cpu_log)
 }
 
 fn devices_of(pod: &Value) -> Vec<String> {
@@ -1423,20 +1475,22 @@ fn devices_of(pod: &Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
     let bin = fake_nvidia_smi();
-    let found = devices::discover(Some(bin.path().as_os_str()));
+    let found = devices::discover(Some(bin.path().as_os_str()), &bin.path().join("no-sys"));
     assert_eq!(found.capacity.get("nvidia.com/gpu"), Some(&4000));
     assert!(found.capacity.get("cpu").is_some_and(|c| *c >= 1000));
     assert!(found.capacity.contains_key("memory"));
-    assert_eq!(found.product.as_deref(), Some("NVIDIA-A100-SXM4-80GB"));
+    assert!(!found.capacity.contains_key("amd.com/gpu"));
+    assert_eq!(
+        found.labels,
+        BTreeMap::from([(
+            "nvidia.com/gpu.product".to_owned(),
+            "NVIDIA-A100-SXM4-80GB".to_owned()
+        )])
+    );
     assert_eq!(found.gpus.len(), 4);
 
     let (mut h, go) = gpu_harness(found.gpus, 4000);
-    start_gpu_run(&h, "two", 2, 2, &go).await;
-    let running = h
-        .wait_for(&key("two"), "two running pods", |r| {
-            phases(r) == ["Running", "Running"]
-        })
-        .await;
+    let running = two_gpu_pods_and_a_cpu_pod(&mut h, |n| gpu_pod(n, &go)).await;
     let mut held: Vec<String> = running.pods.iter().flat_map(devices_of).collect();
     held.sort();
     assert_eq!(
@@ -1445,34 +1499,17 @@ async fn gpus_from_a_fake_nvidia_smi_are_handed_to_pods_one_holder_each() {
         "two pods of two GPUs each, none shared"
     );
 
-    start_gpu_run(&h, "cpu", 1, 0, &go).await;
-    let cpu_running = h
-        .wait_for(&key("cpu"), "a running pod", |r| phases(r) == ["Running"])
-        .await;
-    assert!(devices_of(&cpu_running.pods[0]).is_empty());
-
-    std::fs::write(&go, "").unwrap();
-    let done = h
-        .wait_for(&key("two"), "a terminal state", |r| r.finished)
-        .await;
-    assert_eq!(terminal(&done), Some("Completed"));
-    for pod in &done.pods {
-        let name = pod["metadata"]["name"].as_str().unwrap();
+    let (logs, cpu_log) = their_logs(&mut h, &go).await;
+    for (pod, log) in &logs {
         let host = pod["spec"]["hostname"].as_str().unwrap();
         let devices = devices_of(pod).join(",");
-        let log = read_log(&h.backend, "two", name, None, false, None).await;
         assert_eq!(
             log.trim(),
             format!("host={host} cuda={devices} nvidia={devices}"),
-            "{name}"
+            "{pod:#}"
         );
     }
-    let cpu_done = h
-        .wait_for(&key("cpu"), "a terminal state", |r| r.finished)
-        .await;
-    let name = cpu_done.pods[0]["metadata"]["name"].as_str().unwrap();
-    let log = read_log(&h.backend, "cpu", name, None, false, None).await;
-    assert_eq!(log.trim(), "host=cpu-node-0-0 cuda= nvidia=void");
+    assert_eq!(cpu_log.trim(), "host=cpu-node-0-0 cuda= nvidia=void");
 
     start_gpu_run(&h, "all", 1, 4, &go).await;
     let all_done = h
@@ -1501,7 +1538,7 @@ fn records(h: &Harness) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_waits_for_gpus_another_pod_holds() {
     let bin = fake_nvidia_smi();
-    let found = devices::discover(Some(bin.path().as_os_str()));
+    let found = devices::discover(Some(bin.path().as_os_str()), &bin.path().join("no-sys"));
     let (mut h, go) = gpu_harness(found.gpus, 8000);
     start_gpu_run(&h, "first", 1, 4, &go).await;
     let running = h
@@ -1541,4 +1578,136 @@ async fn a_pod_waits_for_gpus_another_pod_holds() {
         .find(|r| r["run_id"] == "first")
         .unwrap();
     assert_eq!(first["devices"], json!({}), "freed GPUs leave the record");
+}
+
+/// A sysfs with the KFD topology of a machine of four AMD GPUs (nodes 2,
+/// 3, 10 and 11 after CPU nodes 0 and 1; node 11 without a unique id, node
+/// 10 with its `product_name` in sysfs) and a `rocm-smi` that answers the
+/// product query for them, in a directory of its own (the `PATH`):
+/// `(sys, bin)`.
+fn fake_amd_machine() -> (tempfile::TempDir, tempfile::TempDir) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sys = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let nodes = sys.path().join("class/kfd/kfd/topology/nodes");
+    let gpus = [(2, 0x1001_u64), (3, 0x1002), (10, 0x1003), (11, 0)];
+    for cpu in [0, 1] {
+        let dir = nodes.join(cpu.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("properties"), "cpu_cores_count 64\nsimd_count 0\n").unwrap();
+        std::fs::write(dir.join("gpu_id"), "0\n").unwrap();
+    }
+    for (node, uid) in gpus {
+        let dir = nodes.join(node.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let unique = if uid == 0 {
+            String::new()
+        } else {
+            format!("unique_id {uid}\n")
+        };
+        let properties = format!(
+            "simd_count 1216\nvendor_id 4098\ndrm_render_minor {}\n{unique}",
+            126 + node
+        );
+        std::fs::write(dir.join("properties"), properties).unwrap();
+        std::fs::write(dir.join("gpu_id"), format!("{}\n", 1000 + node)).unwrap();
+    }
+    let device = sys.path().join("class/drm/renderD136/device");
+    std::fs::create_dir_all(&device).unwrap();
+    std::fs::write(device.join("product_name"), "AMD Instinct MI300X\n").unwrap();
+
+    let bin = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let script = bin.path().join("rocm-smi");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n\
+         [ \"$*\" = '--showuniqueid --showproductname --json' ] || exit 2\n\
+         echo 'WARNING: a line rocm-smi prints before its JSON'\n\
+         echo '{\"card0\": {\"Unique ID\": \"0x1001\", \"Card Series\": \"AMD Instinct MI300X\"}, \
+         \"card1\": {\"Unique ID\": \"0x1002\", \"Card Series\": \"AMD Instinct MI300X\"}, \
+         \"card2\": {\"Unique ID\": \"0x1003\", \"Card Series\": \"AMD Instinct MI300X\"}, \
+         \"card3\": {\"Unique ID\": \"N/A\", \"Card Series\": \"AMD Instinct MI300X\"}}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (sys, bin)
+}
+
+/// A pod that requests `gpus` AMD GPUs and prints its ROCm env (and
+/// whether CUDA's is set at all); see [`device_pod`].
+fn amd_pod(gpus: u32, go: &std::path::Path) -> Value {
+    let print =
+        "rocr=$ROCR_VISIBLE_DEVICES hip=$HIP_VISIBLE_DEVICES cuda=${CUDA_VISIBLE_DEVICES-unset}";
+    device_pod("amd.com/gpu", gpus, print, go)
+}
+
+/// Discovery through a fake sysfs and a fake `rocm-smi` on PATH, then two
+/// pods of two AMD GPUs each and a CPU-only pod beside them; while a pod
+/// holds GPUs its run's record says which.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amd_gpus_from_sysfs_and_rocm_smi_are_handed_to_pods_one_holder_each() {
+    let (sys, bin) = fake_amd_machine();
+    let found = devices::discover(Some(bin.path().as_os_str()), sys.path());
+    assert_eq!(found.capacity.get("amd.com/gpu"), Some(&4000));
+    assert!(!found.capacity.contains_key("nvidia.com/gpu"));
+    assert_eq!(
+        found.labels,
+        BTreeMap::from([(
+            "amd.com/gpu.product-name".to_owned(),
+            "AMD_Instinct_MI300X".to_owned()
+        )]),
+        "AMD's node labeller's label and spelling"
+    );
+    let ids: Vec<&str> = found.gpus.iter().map(|g| g.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "GPU-0000000000001001",
+            "GPU-0000000000001002",
+            "GPU-0000000000001003",
+            "3"
+        ],
+        "in node order (10 after 3); without a unique id, by ROCr index"
+    );
+
+    let capacity = [("cpu", 100_000), ("amd.com/gpu", 4000)];
+    let mut h = harness_full(&capacity, |_| SandboxConfig::default(), found.gpus);
+    let go = h.dir.path().join("shared/go");
+    let running = two_gpu_pods_and_a_cpu_pod(&mut h, |n| amd_pod(n, &go)).await;
+    let mut held: Vec<String> = running.pods.iter().flat_map(devices_of).collect();
+    held.sort();
+    assert_eq!(
+        held,
+        [
+            "3",
+            "GPU-0000000000001001",
+            "GPU-0000000000001002",
+            "GPU-0000000000001003"
+        ],
+        "two pods of two GPUs each, none shared"
+    );
+    let mut recorded: Vec<Value> = records(&h)
+        .into_iter()
+        .flat_map(|r| r["devices"].as_object().cloned().unwrap_or_default())
+        .map(|(_, devices)| devices)
+        .collect();
+    recorded.sort_by_key(|d| d.to_string());
+    let mut expected: Vec<Value> = running.pods.iter().map(|p| json!(devices_of(p))).collect();
+    expected.sort_by_key(|d| d.to_string());
+    assert_eq!(recorded, expected, "the record holds the assignments");
+
+    let (logs, cpu_log) = their_logs(&mut h, &go).await;
+    for (pod, log) in &logs {
+        let devices = devices_of(pod).join(",");
+        assert_eq!(
+            log.trim(),
+            format!("rocr={devices} hip=0,1 cuda=unset"),
+            "ROCr by id, HIP by index into what ROCr shows: {pod:#}"
+        );
+    }
+    assert_eq!(cpu_log.trim(), "rocr= hip= cuda=unset", "none visible");
+    let two = records(&h)
+        .into_iter()
+        .find(|r| r["run_id"] == "two")
+        .unwrap();
+    assert_eq!(two["devices"], json!({}), "freed GPUs leave the record");
 }

@@ -14,15 +14,14 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+// GPU_RESOURCE: the GPU resource whose count ranks GPU products.
+pub use crate::backend::process::devices::GPU_PRODUCT_LABEL;
+use crate::backend::process::devices::GPU_RESOURCE;
 use crate::backend::process::{format_milli, parse_quantity_milli};
 use crate::backend::{Capacity, PodSetRequest};
 
 /// The resource that counts pods on a node.
 pub const PODS: &str = "pods";
-/// The node label with the GPU's product name (NVIDIA GPU feature discovery).
-pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-/// The GPU resource whose count ranks GPU products.
-const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Milli-units per resource.
 pub type Resources = BTreeMap<String, i64>;

@@ -31,16 +31,23 @@
 //! # GPUs
 //!
 //! When the spoke has GPUs ([`ProcessConfig::gpus`], found by
-//! [`devices::discover`]), a pod requesting `nvidia.com/gpu: N` gets N that
-//! no other pod holds, as `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES`
-//! (their UUIDs) and the pod annotation `trainhub.kubeflow.org/devices`;
-//! a pod requesting none sees none (`""` and `void`). A pod whose GPUs are
-//! still held (a replaced pod's processes are ending) stays Pending,
-//! unscheduled, until they are freed; the GPUs are free again when its
-//! processes have ended. Which pod holds which GPU is in the run's record.
-//! This is visibility, not isolation: a process can still open any device. Pods carry the labels and annotations of the
-//! JobSet and Job controllers (`jobset.sigs.k8s.io/*`,
-//! `batch.kubernetes.io/job-completion-index`, `job-name`).
+//! [`devices::discover`]), a pod requesting `nvidia.com/gpu: N` or
+//! `amd.com/gpu: N` gets N of that vendor's that no other pod holds, and
+//! the pod annotation `trainhub.kubeflow.org/devices` naming them. Its
+//! processes see only those: NVIDIA's as `CUDA_VISIBLE_DEVICES` and
+//! `NVIDIA_VISIBLE_DEVICES` (their UUIDs), AMD's as `ROCR_VISIBLE_DEVICES`
+//! (`GPU-<unique id>`, or the ROCr index where the unique id cannot tell
+//! it apart) and `HIP_VISIBLE_DEVICES` (`0,…,N-1`: HIP counts what ROCr
+//! shows). A pod requesting none of a vendor's GPUs sees none of them
+//! (`""` and `void`; `""` and `""`); the variables of a vendor whose GPUs
+//! the spoke did not find are not set. A pod whose GPUs are still held (a
+//! replaced pod's processes are ending) stays Pending, unscheduled, until
+//! they are freed; the GPUs are free again when its processes have ended.
+//! Which pod holds which GPU is in the run's record. This is visibility,
+//! not isolation: a process can still open any device. Pods carry the
+//! labels and annotations of the JobSet and Job controllers
+//! (`jobset.sigs.k8s.io/*`, `batch.kubernetes.io/job-completion-index`,
+//! `job-name`).
 //!
 //! # Endpoints on one machine
 //!
@@ -408,8 +415,7 @@ impl ProcessBackend {
             base_env.push((OsString::from("HOME"), home));
         }
         let ledger = Ledger::new(config.capacity.clone());
-        let mut pool =
-            devices::DevicePool::new(config.gpus.iter().map(|g| g.uuid.clone()).collect());
+        let mut pool = devices::DevicePool::new(&config.gpus);
         let runs = recover(&config.work_dir, &sandbox, &mut pool);
         Ok(Arc::new(Self {
             starting: tokio::sync::Mutex::new(()),
@@ -894,5 +900,71 @@ impl Drop for ProcessBackend {
             }
             entry.procs.kill_all();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devices::{Gpu, Vendor};
+
+    /// A restarted spoke keeps held, from the record, the GPUs (of either
+    /// vendor) of a pod whose processes outlived SIGKILL, and only those.
+    #[test]
+    fn the_gpus_of_surviving_pods_stay_held_after_a_restart() {
+        let gpu = |vendor, index: u32, id: &str| Gpu {
+            vendor,
+            index,
+            id: id.to_owned(),
+            ..Gpu::default()
+        };
+        let mut pool = devices::DevicePool::new(&[
+            gpu(Vendor::Nvidia, 0, "GPU-n0"),
+            gpu(Vendor::Amd, 0, "GPU-00000000000000A0"),
+            gpu(Vendor::Amd, 1, "1"),
+        ]);
+        let process = |pod: &str, pid| records::ProcessRecord {
+            pod: pod.to_owned(),
+            pid,
+            pgid: pid,
+            start_time: 1,
+        };
+        let record = RunRecord {
+            run_id: "r".into(),
+            generation: 1,
+            namespace: "ns".into(),
+            name: "j".into(),
+            dir: "/w/ns/j-1".into(),
+            processes: vec![process("survivor", 7), process("killed", 8)],
+            finished: false,
+            lost: None,
+            status: None,
+            pods: Vec::new(),
+            pod_files: Vec::new(),
+            devices: BTreeMap::from([
+                (
+                    "survivor".to_owned(),
+                    vec!["1".to_owned(), "GPU-n0".to_owned()],
+                ),
+                ("killed".to_owned(), vec!["GPU-00000000000000A0".to_owned()]),
+            ]),
+        };
+        let survivors = hold_survivors(&mut pool, &record, &[7]);
+        assert_eq!(survivors, BTreeSet::from(["survivor".to_owned()]));
+        let amd = BTreeMap::from([(Vendor::Amd, 1)]);
+        assert_eq!(
+            pool.assign("new", &amd),
+            Some(BTreeMap::from([(
+                Vendor::Amd,
+                vec!["GPU-00000000000000A0".to_owned()]
+            )])),
+            "the killed pod's GPU is free, the survivor's is not"
+        );
+        assert_eq!(pool.assign("more", &amd), None);
+        assert_eq!(
+            pool.assign("nvidia", &BTreeMap::from([(Vendor::Nvidia, 1)])),
+            None,
+            "the survivor's NVIDIA GPU is held too"
+        );
     }
 }

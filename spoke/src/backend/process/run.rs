@@ -16,7 +16,7 @@ use rand::Rng as _;
 use tokio::sync::mpsc;
 
 use super::Shared;
-use super::devices::{GPU_RESOURCE, gpus_requested, visible_env};
+use super::devices::{Vendor, gpus_requested, visible_env};
 use super::plan::{PodIdentity, Process, ResolveContext, RunPlan};
 use super::records::{ProcessRecord, RecordFile};
 use super::rewrite::Endpoints;
@@ -259,47 +259,51 @@ pub(super) struct DeviceLease {
     shared: Arc<Shared>,
     record: Option<Arc<RecordFile>>,
     pod: String,
+    /// What it holds, every vendor's.
     devices: Vec<String>,
-    /// The spoke manages GPUs: the pod gets the device env.
-    managed: bool,
+    /// The GPU env of its processes (see [`visible_env`]).
+    env: Vec<(OsString, OsString)>,
 }
 
 impl DeviceLease {
-    /// `count` GPUs for pod `pod`: Ok(None) while too few are free.
+    /// The GPUs `wants` (per vendor) for pod `pod`: Ok(None) while too few
+    /// are free. Only the vendors whose GPUs the spoke found are assigned.
     ///
     /// # Errors
     ///
-    /// The spoke has fewer GPUs than `count`: the pod can never run.
+    /// The spoke has fewer GPUs of a vendor than wanted: the pod can never
+    /// run.
     fn take(
         shared: &Arc<Shared>,
         record: Option<&Arc<RecordFile>>,
         pod: &str,
-        count: usize,
+        wants: &BTreeMap<Vendor, usize>,
     ) -> Result<Option<Self>, String> {
         let mut inner = shared.lock();
         let pool = &mut inner.devices;
-        let managed = !pool.is_empty();
-        if managed && count > pool.len() {
+        let vendors = pool.vendors();
+        let wants: BTreeMap<Vendor, usize> = wants
+            .iter()
+            .filter(|(v, _)| vendors.contains(v))
+            .map(|(v, n)| (*v, *n))
+            .collect();
+        if let Some((vendor, count)) = wants.iter().find(|(v, n)| **n > pool.count(**v)) {
             return Err(format!(
-                "the pod requests {count} {GPU_RESOURCE} and this spoke has {}",
-                pool.len()
+                "the pod requests {count} {} and this spoke has {}",
+                vendor.resource(),
+                pool.count(*vendor)
             ));
         }
-        let devices = if managed {
-            match pool.assign(pod, count) {
-                Some(devices) => devices,
-                None => return Ok(None),
-            }
-        } else {
-            Vec::new()
+        let Some(held) = pool.assign(pod, &wants) else {
+            return Ok(None);
         };
         drop(inner);
         let lease = DeviceLease {
             shared: Arc::clone(shared),
             record: record.cloned(),
             pod: pod.to_owned(),
-            devices,
-            managed,
+            devices: held.values().flatten().cloned().collect(),
+            env: visible_env(&vendors, &held),
         };
         lease.write_down();
         Ok(Some(lease))
@@ -317,14 +321,10 @@ impl DeviceLease {
         }
     }
 
-    /// `CUDA_VISIBLE_DEVICES` and `NVIDIA_VISIBLE_DEVICES`, when the spoke
-    /// manages GPUs.
+    /// The GPU env of the pod's processes: none when the spoke manages no
+    /// GPU.
     fn env(&self) -> Vec<(OsString, OsString)> {
-        if self.managed {
-            visible_env(&self.devices)
-        } else {
-            Vec::new()
-        }
+        self.env.clone()
     }
 }
 
@@ -427,12 +427,13 @@ fn lease_devices(
     let Some(pod) = state.pods().get(i) else {
         return Ok(None);
     };
-    let count = ctx
+    let wants = ctx
         .plan
         .replicated_jobs
         .get(pod.rjob)
-        .map_or(0, |r| gpus_requested(&r.requests_milli));
-    let lease = DeviceLease::take(&ctx.shared, ctx.procs.record(), &pod.uid, count)?;
+        .map(|r| gpus_requested(&r.requests_milli))
+        .unwrap_or_default();
+    let lease = DeviceLease::take(&ctx.shared, ctx.procs.record(), &pod.uid, &wants)?;
     match &lease {
         Some(lease) => state.set_devices(i, lease.devices.clone()),
         None => state.hold_back(i),
@@ -753,7 +754,9 @@ mod tests {
             ("PATH".into(), "/bin".into()),
             ("HOME".into(), "/root".into()),
         ];
-        let devices = visible_env(&["GPU-a".to_owned()]);
+        let nvidia = BTreeSet::from([Vendor::Nvidia]);
+        let held = BTreeMap::from([(Vendor::Nvidia, vec!["GPU-a".to_owned()])]);
+        let devices = visible_env(&nvidia, &held);
         let env = pod_base_env(&spoke, Some(Path::new("/w/p")), "j-node-0-0", devices);
         let get = |k: &str| {
             env.iter()
@@ -765,7 +768,7 @@ mod tests {
         assert_eq!(get("PATH").as_deref(), Some("/bin"));
         assert_eq!(get("CUDA_VISIBLE_DEVICES").as_deref(), Some("GPU-a"));
         assert_eq!(get("NVIDIA_VISIBLE_DEVICES").as_deref(), Some("GPU-a"));
-        let cpu_only = pod_base_env(&spoke, None, "h", visible_env(&[]));
+        let cpu_only = pod_base_env(&spoke, None, "h", visible_env(&nvidia, &BTreeMap::new()));
         assert!(cpu_only.contains(&("CUDA_VISIBLE_DEVICES".into(), "".into())));
         assert!(cpu_only.contains(&("NVIDIA_VISIBLE_DEVICES".into(), "void".into())));
         assert!(cpu_only.contains(&("HOME".into(), "/root".into())));
