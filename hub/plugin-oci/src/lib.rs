@@ -18,6 +18,7 @@ pub mod detached;
 mod digest;
 mod error;
 pub mod keys;
+pub mod local_registry;
 pub mod policy;
 mod reference;
 mod registry;

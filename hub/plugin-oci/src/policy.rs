@@ -231,6 +231,20 @@ impl Outcome {
 }
 
 impl TrustPolicy {
+    /// A policy that every key in `key_pems` (PEM `PUBLIC KEY`s) must have
+    /// signed.
+    pub fn all_of_keys(key_pems: &[String]) -> TrustPolicy {
+        TrustPolicy {
+            all_of: Some(
+                key_pems
+                    .iter()
+                    .map(|k| SignatureRequirement::pub_key(k))
+                    .collect(),
+            ),
+            ..TrustPolicy::default()
+        }
+    }
+
     /// Checks the policy and parses its keys.
     ///
     /// # Errors
@@ -485,11 +499,8 @@ mod tests {
     }
 
     fn all_of(signers: &[&Signer]) -> CompiledPolicy {
-        let policy = TrustPolicy {
-            all_of: Some(pub_keys(signers)),
-            ..TrustPolicy::default()
-        };
-        policy.compile().unwrap()
+        let keys: Vec<String> = signers.iter().map(|s| s.public_pem.clone()).collect();
+        TrustPolicy::all_of_keys(&keys).compile().unwrap()
     }
 
     fn any_of(signers: &[&Signer], minimum: u32) -> CompiledPolicy {

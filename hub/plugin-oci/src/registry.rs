@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures_util::{FutureExt as _, StreamExt as _};
+use oci_client::RegistryOperation;
 use oci_client::errors::{OciDistributionError, OciErrorCode};
 use oci_client::secrets::RegistryAuth;
 
@@ -90,7 +94,7 @@ impl PlainHttp {
                         .parse::<std::net::IpAddr>()
                         .is_ok_and(|ip| ip.is_loopback())
             }
-            PlainHttp::Registries(list) => list.iter().any(|r| *r == reference.registry),
+            PlainHttp::Registries(list) => list.contains(&reference.registry),
         }
     }
 }
@@ -208,6 +212,32 @@ impl RegistryClient {
         oci_client::Client::try_from(config).map_err(|e| Error::Client(chain(&e)))
     }
 
+    /// The HTTP client for manifest reads (oci-client reads a manifest
+    /// answer whole; this one stops at the limit). Same TLS roots and
+    /// timeouts as oci-client's.
+    fn http(&self) -> Result<reqwest::Client, Error> {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(self.options.connect_timeout)
+            .read_timeout(self.options.read_timeout)
+            .user_agent(concat!("trainhub/", env!("CARGO_PKG_VERSION")));
+        for pem in &self.options.extra_root_certificates_pem {
+            let certificates = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| Error::Client(format!("a registry CA certificate: {}", chain(&e))))?;
+            for certificate in certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        builder.build().map_err(|e| Error::Client(chain(&e)))
+    }
+
+    fn scheme(&self, reference: &ModuleRef) -> &'static str {
+        if self.options.plain_http.allows(reference) {
+            "http"
+        } else {
+            "https"
+        }
+    }
+
     fn auth(&self) -> RegistryAuth {
         match &self.options.credentials {
             Credentials::Anonymous => RegistryAuth::Anonymous,
@@ -303,6 +333,8 @@ impl RegistryClient {
             manifest.annotations = Some(annotations.clone());
         }
         let oci = self.oci(&target)?;
+        self.authorize(&oci, &target, RegistryOperation::Push)
+            .await?;
         self.upload(&oci, &target, module).await?;
         self.upload(&oci, &target, &config).await?;
         let manifest_digest = self.put_manifest(&oci, &target, &manifest).await?;
@@ -399,6 +431,8 @@ impl RegistryClient {
         })?;
         let sig_ref = reference.at_tag(&signature_tag(&digest));
         let oci = self.oci(&sig_ref)?;
+        self.authorize(&oci, &sig_ref, RegistryOperation::Push)
+            .await?;
         let mut layers = match self.signature_manifest(&oci, &sig_ref).await? {
             Some(existing) => existing.layers,
             None => Vec::new(),
@@ -448,34 +482,119 @@ impl RegistryClient {
         }
     }
 
-    /// The manifest bytes `reference` names, at most
-    /// `max_manifest_bytes`, checked against its digest when pinned.
+    /// The `Authorization` header of a bearer token, when the registry asks
+    /// for one (oci-client caches the token for the requests that follow).
+    /// A token that is not a valid header value is refused here: oci-client
+    /// assumes it is one and panics on it otherwise.
+    async fn authorize(
+        &self,
+        oci: &oci_client::Client,
+        reference: &ModuleRef,
+        operation: RegistryOperation,
+    ) -> Result<Option<http::HeaderValue>, Error> {
+        let image = reference.to_oci();
+        let token = guarded(
+            reference,
+            Object::Manifest,
+            oci.auth(&image, &self.auth(), operation),
+        )
+        .await?;
+        token
+            .map(|token| {
+                http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                    Error::Unauthorized {
+                        registry: reference.registry.clone(),
+                        detail:
+                            "the token service answered a token that is not a valid header value"
+                                .into(),
+                    }
+                })
+            })
+            .transpose()
+    }
+
+    /// The manifest bytes `reference` names, read up to
+    /// `max_manifest_bytes` and no further, checked against its digest when
+    /// pinned.
     async fn manifest(
         &self,
         oci: &oci_client::Client,
         reference: &ModuleRef,
     ) -> Result<Vec<u8>, Error> {
-        let (bytes, _) = oci
-            .pull_manifest_raw(
-                &reference.to_oci(),
-                &self.auth(),
-                &[
-                    OCI_MANIFEST_MEDIA_TYPE,
-                    DOCKER_MANIFEST_MEDIA_TYPE,
-                    OCI_INDEX_MEDIA_TYPE,
-                    DOCKER_LIST_MEDIA_TYPE,
-                ],
-            )
+        let image = reference.to_oci();
+        let token = self
+            .authorize(oci, reference, RegistryOperation::Pull)
+            .await?;
+        let target = match (&reference.digest, &reference.tag) {
+            (Some(digest), _) => digest.to_string(),
+            (None, Some(tag)) => tag.clone(),
+            (None, None) => "latest".into(),
+        };
+        let url = format!(
+            "{}://{}/v2/{}/manifests/{target}",
+            self.scheme(reference),
+            image.resolve_registry(),
+            image.repository(),
+        );
+        let mut request = self.http()?.get(&url).header(
+            http::header::ACCEPT,
+            [
+                OCI_MANIFEST_MEDIA_TYPE,
+                DOCKER_MANIFEST_MEDIA_TYPE,
+                OCI_INDEX_MEDIA_TYPE,
+                DOCKER_LIST_MEDIA_TYPE,
+            ]
+            .join(", "),
+        );
+        if let Some(value) = token {
+            request = request.header(http::header::AUTHORIZATION, value);
+        } else if let Credentials::Basic { username, password } = &self.options.credentials {
+            request = request.basic_auth(username, Some(password));
+        }
+        let response = request
+            .send()
             .await
-            .map_err(|e| map_error(e, reference, Object::Manifest))?;
+            .map_err(|e| request_error(&e, reference))?;
+        let status = response.status();
         let limit = self.options.limits.max_manifest_bytes;
-        if bytes.len() as u64 > limit {
-            return Err(Error::TooLarge {
-                reference: reference.to_string(),
-                object: Object::Manifest,
-                limit,
-                size: bytes.len() as u64,
+        if !status.is_success() {
+            let body = read_capped(response, 4096, reference)
+                .await
+                .unwrap_or_default();
+            let detail = format!(
+                "GET {url}: HTTP {status}: {}",
+                String::from_utf8_lossy(&body).trim()
+            );
+            return Err(match status.as_u16() {
+                404 => Error::NotFound {
+                    reference: reference.to_string(),
+                },
+                401 | 403 => Error::Unauthorized {
+                    registry: reference.registry.clone(),
+                    detail,
+                },
+                500.. => Error::Unavailable {
+                    registry: reference.registry.clone(),
+                    detail,
+                },
+                _ => Error::Registry {
+                    reference: reference.to_string(),
+                    detail,
+                },
             });
+        }
+        let too_large = |size: u64| Error::TooLarge {
+            reference: reference.to_string(),
+            object: Object::Manifest,
+            limit,
+            size,
+        };
+        if let Some(length) = response.content_length().filter(|l| *l > limit) {
+            return Err(too_large(length));
+        }
+        let bytes = read_capped(response, limit, reference).await?;
+        if bytes.len() as u64 > limit {
+            return Err(too_large(bytes.len() as u64));
         }
         if let Some(expected) = reference.digest {
             let actual = Digest::of(&bytes);
@@ -488,7 +607,7 @@ impl RegistryClient {
                 });
             }
         }
-        Ok(bytes.to_vec())
+        Ok(bytes)
     }
 
     /// A blob of `size` bytes named `digest`, read in chunks: more bytes
@@ -505,10 +624,13 @@ impl RegistryClient {
         let name = digest.to_string();
         // A digest alone: the descriptor's `urls` (foreign locations) are
         // never followed.
-        let mut stream = oci
-            .pull_blob_stream(&reference.to_oci(), name.as_str())
-            .await
-            .map_err(|e| map_error(e, reference, object))?;
+        let image = reference.to_oci();
+        let mut stream = guarded(
+            reference,
+            object,
+            oci.pull_blob_stream(&image, name.as_str()),
+        )
+        .await?;
         let capacity = usize::try_from(size.min(1 << 20)).unwrap_or(1 << 20);
         let mut bytes = Vec::with_capacity(capacity);
         let mut hasher = Hasher::new();
@@ -570,14 +692,14 @@ impl RegistryClient {
         let image = reference.to_oci();
         oci.store_auth_if_needed(image.resolve_registry(), &self.auth())
             .await;
-        let exists = oci
-            .blob_exists(&image, &digest)
-            .await
-            .map_err(|e| map_error(e, reference, Object::Layer))?;
+        let exists = guarded(reference, Object::Layer, oci.blob_exists(&image, &digest)).await?;
         if !exists {
-            oci.push_blob(&image, bytes.to_vec(), &digest)
-                .await
-                .map_err(|e| map_error(e, reference, Object::Layer))?;
+            guarded(
+                reference,
+                Object::Layer,
+                oci.push_blob(&image, bytes.to_vec(), &digest),
+            )
+            .await?;
         }
         Ok(())
     }
@@ -592,14 +714,80 @@ impl RegistryClient {
         let image = reference.to_oci();
         oci.store_auth_if_needed(image.resolve_registry(), &self.auth())
             .await;
-        oci.push_manifest_raw(
-            &image,
-            bytes.clone(),
-            http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
+        guarded(
+            reference,
+            Object::Manifest,
+            oci.push_manifest_raw(
+                &image,
+                bytes.clone(),
+                http::HeaderValue::from_static(OCI_MANIFEST_MEDIA_TYPE),
+            ),
         )
-        .await
-        .map_err(|e| map_error(e, reference, Object::Manifest))?;
+        .await?;
         Ok(Digest::of(&bytes))
+    }
+}
+
+/// Runs an oci-client call, mapping its error; a panic inside oci-client on
+/// a registry's answer becomes an error too.
+async fn guarded<T>(
+    reference: &ModuleRef,
+    object: Object,
+    call: impl Future<Output = oci_client::errors::Result<T>>,
+) -> Result<T, Error> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result.map_err(|e| map_error(e, reference, object)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Error::Registry {
+                reference: reference.to_string(),
+                detail: format!("the registry client failed on the registry's answer: {what}"),
+            })
+        }
+    }
+}
+
+/// A response's body, at most `limit + 1` bytes (one more than allowed, so
+/// that the caller sees it was too long).
+async fn read_capped(
+    mut response: reqwest::Response,
+    limit: u64,
+    reference: &ModuleRef,
+) -> Result<Vec<u8>, Error> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| request_error(&e, reference))?
+    {
+        let room = usize::try_from(limit + 1)
+            .unwrap_or(usize::MAX)
+            .saturating_sub(bytes.len());
+        bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if bytes.len() as u64 > limit {
+            break;
+        }
+    }
+    Ok(bytes)
+}
+
+/// A transport error: the registry is unavailable (refused, timed out,
+/// broke off) or answered something that is not HTTP.
+fn request_error(e: &reqwest::Error, reference: &ModuleRef) -> Error {
+    if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() {
+        Error::Unavailable {
+            registry: reference.registry.clone(),
+            detail: chain(e),
+        }
+    } else {
+        Error::Registry {
+            reference: reference.to_string(),
+            detail: chain(e),
+        }
     }
 }
 
@@ -626,14 +814,7 @@ fn is_digest_error(e: &std::io::Error) -> bool {
 fn map_error(e: OciDistributionError, reference: &ModuleRef, object: Object) -> Error {
     let registry = reference.registry.clone();
     match e {
-        OciDistributionError::RequestError(ref inner)
-            if inner.is_connect() || inner.is_timeout() || inner.is_request() =>
-        {
-            Error::Unavailable {
-                registry,
-                detail: chain(&e),
-            }
-        }
+        OciDistributionError::RequestError(ref inner) => request_error(inner, reference),
         OciDistributionError::ServerError { code, .. } if code >= 500 => Error::Unavailable {
             registry,
             detail: chain(&e),

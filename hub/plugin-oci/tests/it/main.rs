@@ -1,12 +1,17 @@
 //! Integration tests: a real registry on loopback (`docker-registry`) and
 //! openssl as an independent ECDSA implementation.
+// Helpers outside #[test] functions unwrap too: a panic is how they fail.
+#![allow(clippy::unwrap_used)]
 
-mod local_registry;
+mod fake_registry;
 mod openssl_interop;
 mod registry;
 mod signatures;
 
 use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
+
+use trainhub_plugin_oci::local_registry::LocalRegistry;
 
 use trainhub_plugin_oci::{
     GeneratedKeys, ModuleRef, PlainHttp, PushedModule, RegistryClient, RegistryOptions, SigningKey,
@@ -79,4 +84,34 @@ pub async fn push(address: &str, path: &str, module: &[u8]) -> PushedModule {
         )
         .await
         .unwrap_or_else(|e| panic!("pushing {path}: {e}"))
+}
+
+/// A registry storing under its own temporary directory (removed after
+/// the registry is killed).
+pub struct TestRegistry {
+    registry: LocalRegistry,
+    _dir: tempfile::TempDir,
+}
+
+impl Deref for TestRegistry {
+    type Target = LocalRegistry;
+    fn deref(&self) -> &LocalRegistry {
+        &self.registry
+    }
+}
+
+impl DerefMut for TestRegistry {
+    fn deref_mut(&mut self) -> &mut LocalRegistry {
+        &mut self.registry
+    }
+}
+
+/// A started registry, or `None` (said why) when the test should skip.
+pub fn start_registry() -> Option<TestRegistry> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let registry = LocalRegistry::start_or_skip(dir.path()).unwrap_or_else(|e| panic!("{e}"))?;
+    Some(TestRegistry {
+        registry,
+        _dir: dir,
+    })
 }

@@ -5,12 +5,12 @@ use trainhub_plugin_oci::{
     Digest, Error, Limits, Object, PlainHttp, RegistryClient, RegistryOptions,
 };
 
-use crate::local_registry::{LocalRegistry, free_port};
 use crate::{CREATED, client, component, module_ref, no_annotations, push};
+use trainhub_plugin_oci::local_registry::free_port;
 
 #[tokio::test]
 async fn push_then_pull_by_digest_round_trips() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let client = client();
@@ -77,7 +77,7 @@ async fn push_then_pull_by_digest_round_trips() {
 
 #[tokio::test]
 async fn a_tampered_layer_is_refused_with_digest_mismatch() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let client = client();
@@ -140,7 +140,7 @@ async fn a_tampered_layer_is_refused_with_digest_mismatch() {
 
 #[tokio::test]
 async fn limits_bound_what_is_read() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let module = component(20_000, 3);
@@ -181,7 +181,7 @@ async fn limits_bound_what_is_read() {
 
 #[tokio::test]
 async fn a_registry_that_goes_away_is_unavailable() {
-    let Some(mut registry) = LocalRegistry::start_or_skip() else {
+    let Some(mut registry) = crate::start_registry() else {
         return;
     };
     let client = client();
@@ -203,7 +203,7 @@ async fn a_registry_that_goes_away_is_unavailable() {
     // Without plain HTTP allowed, a loopback registry is spoken to over TLS
     // only (here: nothing listens at all).
     let nobody = module_ref(
-        &format!("127.0.0.1:{}", free_port()),
+        &format!("127.0.0.1:{}", free_port().unwrap()),
         &format!("plugins/x@{}", Digest::of(b"x")),
     );
     let https_only = RegistryClient::new(RegistryOptions::default());
@@ -213,7 +213,7 @@ async fn a_registry_that_goes_away_is_unavailable() {
 
 #[tokio::test]
 async fn https_is_used_unless_plain_http_is_allowed() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let target = module_ref(&registry.address(), "plugins/tls:1");

@@ -6,19 +6,11 @@ use trainhub_plugin_oci::cosign::{SIGNATURE_ANNOTATION, SIMPLE_SIGNING_MEDIA_TYP
 use trainhub_plugin_oci::policy::{AnyOf, SignatureRequirement};
 use trainhub_plugin_oci::{CosignSignature, PublicKey, RefusalReason, TrustPolicy};
 
-use crate::local_registry::LocalRegistry;
 use crate::{Signer, client, component, no_annotations, push, signer};
 
 fn all_of(signers: &[&Signer]) -> TrustPolicy {
-    TrustPolicy {
-        all_of: Some(
-            signers
-                .iter()
-                .map(|s| SignatureRequirement::pub_key(&s.keys.public_pem))
-                .collect(),
-        ),
-        ..TrustPolicy::default()
-    }
+    let keys: Vec<String> = signers.iter().map(|s| s.keys.public_pem.clone()).collect();
+    TrustPolicy::all_of_keys(&keys)
 }
 
 fn fingerprint(s: &Signer) -> String {
@@ -29,7 +21,7 @@ fn fingerprint(s: &Signer) -> String {
 
 #[tokio::test]
 async fn signed_with_the_trusted_key_passes_and_another_key_fails() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let client = client();
@@ -78,7 +70,7 @@ async fn signed_with_the_trusted_key_passes_and_another_key_fails() {
     );
 
     let found = client.signatures(reference).await.unwrap();
-    assert_eq!(found, [signature.clone()]);
+    assert_eq!(found, std::slice::from_ref(&signature));
     let verdict = all_of(&[&alice])
         .compile()
         .unwrap()
@@ -121,7 +113,7 @@ async fn signed_with_the_trusted_key_passes_and_another_key_fails() {
 
 #[tokio::test]
 async fn unsigned_under_a_policy_fails_naming_the_missing_key() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let client = client();
@@ -155,7 +147,7 @@ async fn unsigned_under_a_policy_fails_naming_the_missing_key() {
 
 #[tokio::test]
 async fn any_of_minimum_matches_counts_signatures_in_the_registry() {
-    let Some(registry) = LocalRegistry::start_or_skip() else {
+    let Some(registry) = crate::start_registry() else {
         return;
     };
     let client = client();

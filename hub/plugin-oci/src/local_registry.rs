@@ -1,6 +1,7 @@
-//! A real OCI registry on loopback: Debian's `docker-registry` (the CNCF
-//! distribution registry) with filesystem storage under a temporary
-//! directory, killed when dropped.
+//! A real OCI registry on loopback, for tests and for trying plugin pushes
+//! on one machine: Debian's `docker-registry` (the CNCF distribution
+//! registry) serving plain HTTP on `127.0.0.1`, storing under a directory
+//! the caller gives, killed when dropped. Not for production.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use trainhub_plugin_oci::Digest;
+use crate::Digest;
 
 /// Set to make the registry tests fail, rather than skip, when
 /// `docker-registry` is not installed (`.ci/run` sets it).
@@ -16,16 +17,21 @@ pub const REQUIRE_REGISTRY_ENV: &str = "TRAINHUB_REQUIRE_REGISTRY";
 /// Names the registry binary (default: `docker-registry` on `PATH`).
 pub const REGISTRY_BINARY_ENV: &str = "TRAINHUB_DOCKER_REGISTRY";
 
+/// How long the registry may take to answer after it starts.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running `docker-registry`.
 pub struct LocalRegistry {
     child: Option<Child>,
     port: u16,
     root: PathBuf,
     log: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl LocalRegistry {
-    fn binary() -> Option<PathBuf> {
+    /// The binary: `$TRAINHUB_DOCKER_REGISTRY`, else `docker-registry` on
+    /// `PATH`.
+    pub fn binary() -> Option<PathBuf> {
         if let Some(path) = std::env::var_os(REGISTRY_BINARY_ENV) {
             return Some(PathBuf::from(path));
         }
@@ -35,27 +41,39 @@ impl LocalRegistry {
             .find(|candidate| candidate.is_file())
     }
 
-    /// Starts a registry, or returns `None` after saying why when
-    /// `docker-registry` is missing and `TRAINHUB_REQUIRE_REGISTRY` is unset.
-    pub fn start_or_skip() -> Option<LocalRegistry> {
-        let Some(binary) = Self::binary() else {
-            assert!(
-                std::env::var_os(REQUIRE_REGISTRY_ENV).is_none(),
-                "docker-registry is not installed (apt-get install docker-registry, or set {REGISTRY_BINARY_ENV}) and {REQUIRE_REGISTRY_ENV} is set"
-            );
+    /// Starts a registry storing under `dir`, or returns `None` after
+    /// printing why when `docker-registry` is missing and
+    /// `TRAINHUB_REQUIRE_REGISTRY` is unset (CI sets it, so there a missing
+    /// registry is an error).
+    ///
+    /// # Errors
+    /// See [`Self::start`].
+    pub fn start_or_skip(dir: &Path) -> Result<Option<LocalRegistry>, String> {
+        if Self::binary().is_none() && std::env::var_os(REQUIRE_REGISTRY_ENV).is_none() {
             eprintln!(
                 "skipped: docker-registry is not installed (apt-get install docker-registry, or set {REGISTRY_BINARY_ENV}); set {REQUIRE_REGISTRY_ENV}=1 to fail instead"
             );
-            return None;
-        };
-        Some(Self::start(&binary))
+            return Ok(None);
+        }
+        Self::start(dir).map(Some)
     }
 
-    fn start(binary: &Path) -> LocalRegistry {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let root = dir.path().join("data");
-        let port = free_port();
-        let config = dir.path().join("config.yml");
+    /// Starts a registry on a free loopback port, storing under `dir`, and
+    /// waits until it answers `GET /v2/`.
+    ///
+    /// # Errors
+    /// The binary missing, failing to start, exiting, or not answering
+    /// within 30 s (the error quotes its log).
+    pub fn start(dir: &Path) -> Result<LocalRegistry, String> {
+        let binary = Self::binary().ok_or_else(|| {
+            format!(
+                "docker-registry is not installed (apt-get install docker-registry, or set {REGISTRY_BINARY_ENV})"
+            )
+        })?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let root = dir.join("data");
+        let port = free_port()?;
+        let config = dir.join("config.yml");
         std::fs::write(
             &config,
             format!(
@@ -66,26 +84,29 @@ impl LocalRegistry {
                 root.display()
             ),
         )
-        .expect("writing the registry's config");
-        let log = dir.path().join("registry.log");
-        let log_file = std::fs::File::create(&log).expect("registry log");
-        let child = Command::new(binary)
+        .map_err(|e| format!("writing {}: {e}", config.display()))?;
+        let log = dir.join("registry.log");
+        let log_file =
+            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let stderr = log_file
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.display()))?;
+        let child = Command::new(&binary)
             .arg("serve")
             .arg(&config)
             .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log file"))
-            .stderr(log_file)
+            .stdout(log_file)
+            .stderr(stderr)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
         let mut registry = LocalRegistry {
             child: Some(child),
             port,
             root,
             log,
-            _dir: dir,
         };
-        registry.wait_ready();
-        registry
+        registry.wait_ready()?;
+        Ok(registry)
     }
 
     /// `127.0.0.1:PORT`, as references name it.
@@ -112,25 +133,24 @@ impl LocalRegistry {
     }
 
     /// Polls `GET /v2/` until it answers 200, for at most 30 s.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if self.answers_v2() {
-                return;
+                return Ok(());
             }
+            let log = || std::fs::read_to_string(&self.log).unwrap_or_default();
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!(
-                    "docker-registry exited ({status}): {}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
+                return Err(format!("docker-registry exited ({status}): {}", log()));
             }
-            assert!(
-                Instant::now() < deadline,
-                "docker-registry did not answer within 30 s: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "docker-registry did not answer within {READY_TIMEOUT:?}: {}",
+                    log()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -159,10 +179,13 @@ impl Drop for LocalRegistry {
 }
 
 /// A port free on loopback now (another process may take it before the
-/// registry binds it; the start then fails loudly).
-pub fn free_port() -> u16 {
+/// registry binds it; the start then fails saying so).
+///
+/// # Errors
+/// No loopback port could be bound.
+pub fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .expect("a free loopback port")
+        .map_err(|e| format!("finding a free loopback port: {e}"))
 }
