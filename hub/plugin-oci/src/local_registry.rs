@@ -41,21 +41,25 @@ impl LocalRegistry {
             .find(|candidate| candidate.is_file())
     }
 
-    /// Starts a registry storing under `dir`, or returns `None` after
-    /// printing why when `docker-registry` is missing and
+    /// Starts a registry storing under `dir` (requiring the credentials of
+    /// `htpasswd` when given, see [`Self::start_with_htpasswd`]), or returns
+    /// `None` after printing why when `docker-registry` is missing and
     /// `TRAINHUB_REQUIRE_REGISTRY` is unset (CI sets it, so there a missing
     /// registry is an error).
     ///
     /// # Errors
     /// See [`Self::start`].
-    pub fn start_or_skip(dir: &Path) -> Result<Option<LocalRegistry>, String> {
+    pub fn start_or_skip(
+        dir: &Path,
+        htpasswd: Option<&str>,
+    ) -> Result<Option<LocalRegistry>, String> {
         if Self::binary().is_none() && std::env::var_os(REQUIRE_REGISTRY_ENV).is_none() {
             eprintln!(
                 "skipped: docker-registry is not installed (apt-get install docker-registry, or set {REGISTRY_BINARY_ENV}); set {REQUIRE_REGISTRY_ENV}=1 to fail instead"
             );
             return Ok(None);
         }
-        Self::start(dir).map(Some)
+        Self::start_with_htpasswd(dir, htpasswd).map(Some)
     }
 
     /// Starts a registry on a free loopback port, storing under `dir`, and
@@ -65,6 +69,18 @@ impl LocalRegistry {
     /// The binary missing, failing to start, exiting, or not answering
     /// within 30 s (the error quotes its log).
     pub fn start(dir: &Path) -> Result<LocalRegistry, String> {
+        Self::start_with_htpasswd(dir, None)
+    }
+
+    /// As [`Self::start`], requiring HTTP basic credentials: `htpasswd` is
+    /// the file's contents (`user:<bcrypt hash>` lines).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_with_htpasswd(
+        dir: &Path,
+        htpasswd: Option<&str>,
+    ) -> Result<LocalRegistry, String> {
         let binary = Self::binary().ok_or_else(|| {
             format!(
                 "docker-registry is not installed (apt-get install docker-registry, or set {REGISTRY_BINARY_ENV})"
@@ -73,18 +89,24 @@ impl LocalRegistry {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let root = dir.join("data");
         let port = free_port()?;
+        let mut config_text = format!(
+            "version: 0.1\n\
+             log:\n  level: warn\n  accesslog:\n    disabled: true\n\
+             storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
+             http:\n  addr: 127.0.0.1:{port}\n",
+            root.display()
+        );
+        if let Some(lines) = htpasswd {
+            let path = dir.join("htpasswd");
+            std::fs::write(&path, lines).map_err(|e| format!("writing {}: {e}", path.display()))?;
+            config_text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: trainhub-test\n    path: {}\n",
+                path.display()
+            ));
+        }
         let config = dir.join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\n\
-                 log:\n  level: warn\n  accesslog:\n    disabled: true\n\
-                 storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-                 http:\n  addr: 127.0.0.1:{port}\n",
-                root.display()
-            ),
-        )
-        .map_err(|e| format!("writing {}: {e}", config.display()))?;
+        std::fs::write(&config, config_text)
+            .map_err(|e| format!("writing {}: {e}", config.display()))?;
         let log = dir.join("registry.log");
         let log_file =
             std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
@@ -105,7 +127,7 @@ impl LocalRegistry {
             root,
             log,
         };
-        registry.wait_ready()?;
+        registry.wait_ready(htpasswd.is_some())?;
         Ok(registry)
     }
 
@@ -132,11 +154,13 @@ impl LocalRegistry {
         }
     }
 
-    /// Polls `GET /v2/` until it answers 200, for at most 30 s.
-    fn wait_ready(&mut self) -> Result<(), String> {
+    /// Polls `GET /v2/` until it answers (200, or 401 when it requires
+    /// credentials), for at most 30 s.
+    fn wait_ready(&mut self, authenticated: bool) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
+        let expected: &[u8] = if authenticated { b"401" } else { b"200" };
         loop {
-            if self.answers_v2() {
+            if self.answers_v2(expected) {
                 return Ok(());
             }
             let log = || std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -155,7 +179,7 @@ impl LocalRegistry {
         }
     }
 
-    fn answers_v2(&self) -> bool {
+    fn answers_v2(&self, status: &[u8]) -> bool {
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
@@ -168,7 +192,7 @@ impl LocalRegistry {
             return false;
         }
         let mut head = [0u8; 12];
-        stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
+        stream.read_exact(&mut head).is_ok() && head.ends_with(status)
     }
 }
 

@@ -214,9 +214,11 @@ impl RegistryClient {
 
     /// The HTTP client for manifest reads (oci-client reads a manifest
     /// answer whole; this one stops at the limit). Same TLS roots and
-    /// timeouts as oci-client's.
-    fn http(&self) -> Result<reqwest::Client, Error> {
+    /// timeouts as oci-client's; no redirect to plain HTTP unless
+    /// `reference`'s registry may be spoken to in plain HTTP.
+    fn http(&self, reference: &ModuleRef) -> Result<reqwest::Client, Error> {
         let mut builder = reqwest::Client::builder()
+            .https_only(!self.options.plain_http.allows(reference))
             .connect_timeout(self.options.connect_timeout)
             .read_timeout(self.options.read_timeout)
             .user_agent(concat!("trainhub/", env!("CARGO_PKG_VERSION")));
@@ -536,7 +538,7 @@ impl RegistryClient {
             image.resolve_registry(),
             image.repository(),
         );
-        let mut request = self.http()?.get(&url).header(
+        let mut request = self.http(reference)?.get(&url).header(
             http::header::ACCEPT,
             [
                 OCI_MANIFEST_MEDIA_TYPE,
@@ -775,9 +777,25 @@ async fn read_capped(
     Ok(bytes)
 }
 
-/// A transport error: the registry is unavailable (refused, timed out,
-/// broke off) or answered something that is not HTTP.
+/// A transport error: credentials refused (an error status of oci-client's
+/// HEAD requests), the registry unavailable (refused, timed out, broke off,
+/// a server error), or an answer that is not HTTP.
 fn request_error(e: &reqwest::Error, reference: &ModuleRef) -> Error {
+    match e.status().map(|s| s.as_u16()) {
+        Some(401 | 403) => {
+            return Error::Unauthorized {
+                registry: reference.registry.clone(),
+                detail: chain(e),
+            };
+        }
+        Some(500..) => {
+            return Error::Unavailable {
+                registry: reference.registry.clone(),
+                detail: chain(e),
+            };
+        }
+        _ => {}
+    }
     if e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() {
         Error::Unavailable {
             registry: reference.registry.clone(),

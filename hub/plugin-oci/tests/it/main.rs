@@ -108,8 +108,14 @@ impl DerefMut for TestRegistry {
 
 /// A started registry, or `None` (said why) when the test should skip.
 pub fn start_registry() -> Option<TestRegistry> {
+    start_registry_with(None)
+}
+
+/// A started registry requiring the credentials of `htpasswd`.
+pub fn start_registry_with(htpasswd: Option<&str>) -> Option<TestRegistry> {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let registry = LocalRegistry::start_or_skip(dir.path()).unwrap_or_else(|e| panic!("{e}"))?;
+    let registry =
+        LocalRegistry::start_or_skip(dir.path(), htpasswd).unwrap_or_else(|e| panic!("{e}"))?;
     Some(TestRegistry {
         registry,
         _dir: dir,

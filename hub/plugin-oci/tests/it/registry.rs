@@ -234,3 +234,53 @@ async fn https_is_used_unless_plain_http_is_allowed() {
         .await
         .unwrap();
 }
+
+/// `trainhub:trainhub-test-password`, bcrypt (cost 4).
+const HTPASSWD: &str = "trainhub:$2b$04$nHMFqOtYgLXFTKSS5Ns5i.lo9p9tYrwfemLzoWh8V.lj11wQ2XBDK\n";
+
+#[tokio::test]
+async fn basic_credentials_are_sent_and_required() {
+    use trainhub_plugin_oci::Credentials;
+    let Some(registry) = crate::start_registry_with(Some(HTPASSWD)) else {
+        return;
+    };
+    let with = |credentials: Credentials| {
+        RegistryClient::new(RegistryOptions {
+            credentials,
+            plain_http: PlainHttp::Loopback,
+            ..RegistryOptions::default()
+        })
+    };
+    let target = module_ref(&registry.address(), "plugins/private:1");
+    let module = component(100, 6);
+
+    let e = with(Credentials::Anonymous)
+        .push(&target, &module, CREATED, &no_annotations())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unauthorized { .. }), "{e}");
+    let wrong = Credentials::Basic {
+        username: "trainhub".into(),
+        password: "wrong".into(),
+    };
+    let e = with(wrong)
+        .push(&target, &module, CREATED, &no_annotations())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unauthorized { .. }), "{e}");
+
+    let right = with(Credentials::Basic {
+        username: "trainhub".into(),
+        password: "trainhub-test-password".into(),
+    });
+    let pushed = right
+        .push(&target, &module, CREATED, &no_annotations())
+        .await
+        .unwrap();
+    assert_eq!(right.pull(&pushed.reference).await.unwrap().bytes, module);
+    let e = with(Credentials::Anonymous)
+        .pull(&pushed.reference)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Unauthorized { .. }), "{e}");
+}
