@@ -1,5 +1,7 @@
 //! `trainctl` commands.
 
+mod plugin;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,6 +32,10 @@ pub enum Command {
     /// with the kubeconfig kubectl uses).
     #[command(subcommand)]
     Spoke(SpokeCommand),
+    /// Sign, push and verify plugin modules (OCI registries, cosign
+    /// signatures, detached signature files).
+    #[command(subcommand)]
+    Plugin(plugin::PluginCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -143,6 +149,7 @@ pub fn run(args: Args) -> ExitCode {
         Command::Render(args) => render_command(args),
         Command::Certs(command) => certs_command(command),
         Command::Spoke(command) => spoke_command(command),
+        Command::Plugin(command) => plugin::run(command),
     };
     match result {
         Ok(code) => code,

@@ -5,6 +5,7 @@ mod common;
 mod grpc_caps;
 mod kueue;
 mod leader;
+mod plugin_oci;
 mod reload;
 mod render;
 mod sandbox;
