@@ -80,6 +80,8 @@ pub struct DevArgs {
     pub replicas: usize,
     #[command(flatten)]
     pub election: crate::leader::ElectionArgs,
+    #[command(flatten)]
+    pub plugin_sources: crate::plugins::sources::SourceArgs,
 }
 
 const ADMIN_USER: &str = "admin";
@@ -219,6 +221,7 @@ pub async fn run(
             event_ttl: args.event_ttl,
             api_limits: args.api_limits.clone(),
             // The local spokes' pods reach the API where it listens.
+            plugin_sources: args.plugin_sources.clone(),
             trainer_status: Some(hub::TrainerStatusConfig {
                 url: None,
                 ca_file: pki.cert_path("ca"),

@@ -63,6 +63,8 @@ pub struct Config {
     /// Where the trainer's pods post their progress; None: they are not
     /// told (posts to `/status` are still taken from those allowed).
     pub trainer_status: Option<TrainerStatusConfig>,
+    /// Registries and the trust policy of TrainerPlugin modules.
+    pub plugin_sources: crate::plugins::sources::SourceArgs,
 }
 
 /// How the trainer's pods reach this hub's API to post `trainerStatus`.
@@ -326,7 +328,10 @@ impl Hub {
         let plugins = Arc::new(Registry::new(host, builtins, None));
         let object_plugins = crate::plugins::objects::ObjectPlugins::new(
             plugins.clone(),
-            Arc::new(crate::plugins::objects::Files),
+            Arc::new(
+                crate::plugins::sources::Sources::new(&config.plugin_sources)
+                    .context("the plugin modules' sources")?,
+            ),
         );
         let tokens = match &config.token_file {
             Some(path) => Some(

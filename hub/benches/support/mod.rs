@@ -90,6 +90,7 @@ pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
         event_ttl: trainhub::controller::events::DEFAULT_TTL,
         api_limits: Default::default(),
         trainer_status: None,
+        plugin_sources: Default::default(),
     }
 }
 

@@ -101,6 +101,8 @@ struct ServeArgs {
     storage: trainhub::hub::StorageArgs,
     #[command(flatten)]
     trainer_status: trainhub::hub::TrainerStatusArgs,
+    #[command(flatten)]
+    plugin_sources: trainhub::plugins::sources::SourceArgs,
 }
 
 fn main() -> ExitCode {
@@ -139,6 +141,7 @@ fn main() -> ExitCode {
                         event_ttl: args.event_ttl,
                         api_limits: args.api_limits,
                         trainer_status,
+                        plugin_sources: args.plugin_sources,
                     },
                     replication,
                 )

@@ -7,6 +7,7 @@ pub mod host;
 pub mod objects;
 pub mod pipeline;
 pub mod registry;
+pub mod sources;
 
 use std::fmt;
 use std::time::Duration;

@@ -16,7 +16,8 @@
 //! ```
 //!
 //! Each replica runs an [`ObjectPlugins`] loader: it watches the objects,
-//! fetches each module ([`Fetch`]), checks its SHA-256 before compiling,
+//! fetches each module ([`super::sources::Sources`]), checks its SHA-256
+//! and the trust policy's signatures before compiling,
 //! loads it and publishes the set to the [`Registry`]; a plugin of the same
 //! name as a built-in replaces it. A module that cannot be had now (the
 //! file or registry unreachable) keeps the version loaded before serving,
@@ -28,7 +29,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -91,26 +91,6 @@ pub const REASON_PULL_FAILED: &str = "PullFailed";
 pub const REASON_COMPILE_FAILED: &str = "CompileFailed";
 pub const REASON_SETTINGS_REJECTED: &str = "SettingsRejected";
 pub const REASON_INVALID: &str = "InvalidSpec";
-
-pub type FetchFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u8>, LoadFailure>> + Send + 'a>>;
-
-/// Gets a module's bytes. `sha256` is the digest the object pins (hex),
-/// when it gives one apart from the reference; the caller checks the bytes
-/// against it.
-pub trait Fetch: Send + Sync + 'static {
-    fn fetch<'a>(&'a self, module: &'a str) -> FetchFuture<'a>;
-}
-
-/// `file:///...` on the hub's own disk (for `trainhub dev` and admins who
-/// distribute files themselves); other schemes are refused here.
-#[derive(Debug, Default)]
-pub struct Files;
-
-impl Fetch for Files {
-    fn fetch<'a>(&'a self, module: &'a str) -> FetchFuture<'a> {
-        Box::pin(async move { read_file_module(module).await })
-    }
-}
 
 /// The bytes of a `file:///` module.
 ///
@@ -181,6 +161,9 @@ pub struct Spec {
     pub failure_policy: Option<String>,
     #[serde(default)]
     pub limits: Option<SpecLimits>,
+    /// A detached signature of a `file://` module (one line of base64).
+    #[serde(default)]
+    pub signature: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -393,16 +376,19 @@ struct Entry {
 /// The `TrainerPlugin` objects of the store, loaded into the registry.
 pub struct ObjectPlugins {
     registry: Arc<Registry>,
-    fetch: Arc<dyn Fetch>,
+    sources: Arc<super::sources::Sources>,
     entries: Mutex<HashMap<String, Entry>>,
     outcomes: watch::Sender<BTreeMap<String, Outcome>>,
 }
 
 impl ObjectPlugins {
-    pub fn new(registry: Arc<Registry>, fetch: Arc<dyn Fetch>) -> Arc<ObjectPlugins> {
+    pub fn new(
+        registry: Arc<Registry>,
+        sources: Arc<super::sources::Sources>,
+    ) -> Arc<ObjectPlugins> {
         Arc::new(ObjectPlugins {
             registry,
-            fetch,
+            sources,
             entries: Mutex::new(HashMap::new()),
             outcomes: watch::Sender::new(BTreeMap::new()),
         })
@@ -563,15 +549,8 @@ impl ObjectPlugins {
         if spec.module.starts_with("builtin:") {
             return Ok(None);
         }
-        let expected = spec.digest()?;
-        let bytes = self.fetch.fetch(&spec.module).await?;
-        let actual = hex::encode(sha2::Sha256::digest(&bytes));
-        if actual != expected {
-            return Err(LoadFailure::new(
-                REASON_DIGEST_MISMATCH,
-                format!("the module's sha256 is {actual}, the object pins {expected}"),
-            ));
-        }
+        let fetched = self.sources.fetch(&spec).await?;
+        let bytes = fetched.bytes;
         let settings = spec.settings.clone().unwrap_or_else(|| json!({}));
         let host = self.registry.host().clone();
         let source = spec.module.clone();
@@ -594,7 +573,7 @@ impl ObjectPlugins {
         })?;
         self.registry.retain(plugin.clone());
         let configured = Configured::new(plugin, &spec)?;
-        let serving = Serving::of(format!("sha256:{actual}"), configured.descriptor(), false);
+        let serving = Serving::of(fetched.module_digest, configured.descriptor(), false);
         Ok(Some((Arc::new(configured), serving)))
     }
 }

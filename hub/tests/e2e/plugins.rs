@@ -185,3 +185,172 @@ fn trainer_plugins_are_installed_checked_and_removed_through_the_api() {
 fn hub_repo() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
+
+/// `oci://` modules: pushed to a real registry on loopback, pulled by
+/// digest, refused when tampered, unsigned or signed by an untrusted key
+/// under the hub's trust policy, loaded when a trusted key signed them; a
+/// registry gone leaves the loaded version serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oci_plugins_are_pulled_by_digest_and_checked_against_the_trust_policy() {
+    use std::collections::BTreeMap;
+    use trainhub_plugin_oci::local_registry::LocalRegistry;
+    use trainhub_plugin_oci::{
+        CosignSignature, ModuleRef, PlainHttp, RegistryClient, RegistryOptions, SigningKey,
+        TrustPolicy, generate_key_pair,
+    };
+
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some(mut registry) =
+        LocalRegistry::start_or_skip(&dir.path().join("registry"), None).unwrap()
+    else {
+        return;
+    };
+    let address = registry.address();
+    let (trusted, stranger) = (generate_key_pair().unwrap(), generate_key_pair().unwrap());
+    let policy = dir.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        serde_json::to_string(&TrustPolicy::all_of_keys(std::slice::from_ref(
+            &trusted.public_pem,
+        )))
+        .unwrap(),
+    )
+    .unwrap();
+    let policy_arg = policy.display().to_string();
+    let hub = DevHub::start_args(
+        &[
+            "--spokes",
+            "0",
+            "--plugin-insecure-registries",
+            &address,
+            "--plugin-trust-policy",
+            &policy_arg,
+        ],
+        |_| {},
+    );
+    let client = RegistryClient::new(RegistryOptions {
+        plain_http: PlainHttp::Loopback,
+        ..RegistryOptions::default()
+    });
+    let acme =
+        std::fs::read(std::path::Path::new(trainhub::builtin::WASM_DIR).join("acme_plugin.wasm"))
+            .unwrap();
+    let push = |tag: &str, bytes: Vec<u8>| {
+        let client = client.clone();
+        let target = ModuleRef::parse(&format!("oci://{address}/plugins/acme:{tag}")).unwrap();
+        async move {
+            client
+                .push(&target, &bytes, "2026-11-26T00:00:00Z", &BTreeMap::new())
+                .await
+                .unwrap()
+        }
+    };
+    let sign = |pushed: &trainhub_plugin_oci::PushedModule, pem: &str| {
+        let client = client.clone();
+        let key = SigningKey::from_pem(pem).unwrap();
+        let signature = CosignSignature::sign(
+            &key,
+            &pushed.reference.repository_name(),
+            &pushed.manifest_digest,
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let reference = pushed.reference.pinned(pushed.manifest_digest);
+        async move { client.push_signature(&reference, &signature).await.unwrap() }
+    };
+    // Each variant a different module: a custom section changes the digest.
+    let variant = |note: &[u8]| {
+        let mut bytes = acme.clone();
+        let name = b"note";
+        bytes.push(0);
+        bytes.push(u8::try_from(1 + name.len() + note.len()).unwrap());
+        bytes.push(u8::try_from(name.len()).unwrap());
+        bytes.extend_from_slice(name);
+        bytes.extend_from_slice(note);
+        bytes
+    };
+    let object = |name: &str, pushed: &trainhub_plugin_oci::PushedModule| {
+        format!(
+            "apiVersion: trainhub.kubeflow.org/v1alpha1\nkind: TrainerPlugin\nmetadata:\n  name: {name}\nspec:\n  module: oci://{address}/plugins/acme@{}\n  settings: {{cluster: c1}}\n",
+            pushed.manifest_digest
+        )
+    };
+    let wait_ready = |name: &str, expected: &str| {
+        let mut state = String::new();
+        let ok = eventually(Duration::from_secs(60), || {
+            state = ready(&hub, name);
+            state.starts_with(expected)
+        });
+        assert!(ok, "{name}: {state}\n{}", tail(&hub.log(), 30));
+        state
+    };
+
+    // Signed by the trusted key: loaded, the module's digest in the status.
+    let good = push("good", variant(b"good")).await;
+    sign(&good, &trusted.private_pem).await;
+    assert!(apply(&hub, &object("good", &good)).status.success());
+    wait_ready("good", "True/Loaded/");
+    let digest = hub.kubectl_ok(&["get", "tplugin", "good", "-o", "jsonpath={.status.digest}"]);
+    assert_eq!(digest, good.module_digest.to_string());
+
+    // Unsigned, and signed by a key the policy does not name: Untrusted,
+    // naming the key that is missing.
+    let unsigned = push("unsigned", variant(b"unsigned")).await;
+    apply(&hub, &object("unsigned", &unsigned));
+    let state = wait_ready("unsigned", "False/Untrusted/");
+    assert!(
+        state.contains("no signature found") && state.contains("allOf[0]"),
+        "{state}"
+    );
+    let foreign = push("foreign", variant(b"foreign")).await;
+    sign(&foreign, &stranger.private_pem).await;
+    apply(&hub, &object("foreign", &foreign));
+    let state = wait_ready("foreign", "False/Untrusted/");
+    assert!(state.contains("allOf[0]"), "{state}");
+
+    // A layer changed in the registry's storage: DigestMismatch.
+    let tampered = push("tampered", variant(b"tampered")).await;
+    sign(&tampered, &trusted.private_pem).await;
+    let blob = registry.blob_path(&tampered.module_digest);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    apply(&hub, &object("tampered", &tampered));
+    wait_ready("tampered", "False/DigestMismatch/");
+
+    // The registry gone: a new generation of `good` cannot be pulled, and
+    // the version loaded before keeps serving.
+    registry.kill();
+    let moved = hub.kubectl(&[
+        "patch",
+        "tplugin",
+        "good",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"settings":{"cluster":"c2"}}}"#,
+    ]);
+    assert!(
+        moved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&moved.stderr)
+    );
+    let state = wait_ready("good", "False/PullFailed/");
+    assert!(
+        state.contains(&format!(
+            "(the earlier version {} keeps serving)",
+            good.module_digest
+        )),
+        "{state}"
+    );
+    let runtime = std::fs::read_to_string(hub_repo().join("examples/acme/runtime.yaml")).unwrap();
+    assert!(apply(&hub, &runtime).status.success());
+    let job = "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: no-project\nspec:\n  runtimeRef:\n    name: acme-distributed\n";
+    let out = apply(&hub, job);
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("ACME_PROJECT must be set"),
+        "the loaded version still validates: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
