@@ -254,11 +254,19 @@ fn spoke_cell(hub: &DevHub, job: &str) -> String {
     let mut lines = out.lines();
     let header = lines.next().unwrap_or_default();
     let words: Vec<&str> = header.split_whitespace().collect();
-    assert_eq!(words, ["NAME", "STATE", "AGE", "SPOKE"], "{out}");
+    assert_eq!(
+        words,
+        ["NAME", "STATE", "AGE", "SPOKE", "PROGRESS", "ETA"],
+        "{out}"
+    );
     let at = header.find("SPOKE").unwrap();
+    let end = header.find("PROGRESS").unwrap();
     lines
         .find(|l| l.split_whitespace().next() == Some(job))
-        .map(|l| l.get(at..).unwrap_or_default().trim().to_string())
+        .map(|l| {
+            let end = end.min(l.len());
+            l.get(at..end).unwrap_or_default().trim().to_string()
+        })
         .unwrap_or_default()
 }
 
