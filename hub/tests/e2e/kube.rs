@@ -248,23 +248,49 @@ fn with_schema_defaults(spec: Value) -> Value {
 
 /// The environment the hub adds to every container for tracing, which a
 /// render does not have.
-fn without_trace_env(mut spec: Value) -> Value {
+fn without_hub_additions(mut spec: Value) -> Value {
+    // What the hub adds to a run beside the plugins' build: the trace
+    // context, and the trainer-status endpoint (docs/trainer-status.md).
+    let added_env = |n: &str| {
+        n == "TRACEPARENT" || n.starts_with("OTEL_") || n.starts_with("KUBEFLOW_TRAINER_SERVER_")
+    };
+    let status_volume = trainhub::trainer_status::VOLUME;
+    let retain = |list: &mut Value, keep: &dyn Fn(&Value) -> bool| {
+        if let Some(items) = list.as_array_mut() {
+            items.retain(keep);
+            if items.is_empty() {
+                *list = Value::Null;
+            }
+        }
+    };
     if let Some(rjobs) = spec["replicatedJobs"].as_array_mut() {
         for rjob in rjobs {
             let pod = &mut rjob["template"]["spec"]["template"]["spec"];
             for list in ["containers", "initContainers"] {
                 for c in pod[list].as_array_mut().into_iter().flatten() {
-                    if let Some(env) = c["env"].as_array_mut() {
-                        env.retain(|e| {
-                            let n = e["name"].as_str().unwrap_or_default();
-                            n != "TRACEPARENT" && !n.starts_with("OTEL_")
-                        });
-                    }
+                    retain(&mut c["env"], &|e| {
+                        !added_env(e["name"].as_str().unwrap_or_default())
+                    });
+                    retain(&mut c["volumeMounts"], &|m| m["name"] != status_volume);
+                    strip_null(c, &["env", "volumeMounts"]);
                 }
             }
+            retain(&mut pod["volumes"], &|v| v["name"] != status_volume);
+            strip_null(pod, &["volumes"]);
         }
     }
     spec
+}
+
+/// Removes `keys` of `object` whose value is null.
+fn strip_null(object: &mut Value, keys: &[&str]) {
+    if let Some(map) = object.as_object_mut() {
+        for key in keys {
+            if map.get(*key).is_some_and(Value::is_null) {
+                map.remove(*key);
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,9 +306,22 @@ async fn a_torch_trainjob_runs_as_the_rendered_jobset_on_a_kube_spoke() {
     })
     .await;
     let rendered = rendered_jobset(file);
+    // The hub told the trainer's pods where to post their progress.
+    let node = &applied["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
+    let env: Vec<&str> = node["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(env.contains(&"KUBEFLOW_TRAINER_SERVER_URL"), "{env:?}");
     assert_eq!(
-        without_trace_env(applied["spec"].clone()),
-        without_trace_env(with_schema_defaults(rendered["spec"].clone())),
+        node["volumes"][0]["secret"]["secretName"],
+        "multi-node-example-trainer-status"
+    );
+    assert_eq!(
+        without_hub_additions(applied["spec"].clone()),
+        without_hub_additions(with_schema_defaults(rendered["spec"].clone())),
         "the applied JobSet differs from the rendered one"
     );
     let labels = applied["metadata"]["labels"].as_object().unwrap();
@@ -508,8 +547,8 @@ async fn flux_objects_land_as_built(hub: &DevHub, spoke: &KubeSpoke, name: &str,
     let built = rendered(file);
     let rendered_jobset = of_kind(&built, "JobSet");
     assert_eq!(
-        without_trace_env(jobset["spec"].clone()),
-        without_trace_env(with_schema_defaults(rendered_jobset["spec"].clone())),
+        without_hub_additions(jobset["spec"].clone()),
+        without_hub_additions(with_schema_defaults(rendered_jobset["spec"].clone())),
         "{server}: the applied JobSet differs from the rendered one"
     );
     let pod = &jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"];
@@ -524,6 +563,7 @@ async fn flux_objects_land_as_built(hub: &DevHub, spoke: &KubeSpoke, name: &str,
     );
     let scripts = format!("{name}-flux-entrypoint");
     let curve = format!("{name}-flux-curve");
+    // Upstream's five volumes in upstream's order, then the hub's own.
     assert_eq!(
         pod["volumes"],
         serde_json::json!([
@@ -532,6 +572,8 @@ async fn flux_objects_land_as_built(hub: &DevHub, spoke: &KubeSpoke, name: &str,
             {"name": scripts, "configMap": {"name": scripts, "defaultMode": 493}},
             {"name": "shared-memory", "emptyDir": {"medium": "Memory"}},
             {"name": "flux-curve", "secret": {"secretName": curve, "defaultMode": 256}},
+            // The hub's, for the trainer's progress (docs/trainer-status.md).
+            {"name": "kubeflow-trainer-token", "secret": {"secretName": format!("{name}-trainer-status")}},
         ]),
         "{server}"
     );
