@@ -91,6 +91,25 @@ pub enum PluginCommand {
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// Print the `TrainerPlugin` object that installs a module, its digest
+    /// filled in: `oci://...` pinned to its manifest (a tag is resolved
+    /// now), or a file pinned by its sha256 with its detached signature
+    /// (FILE.sig) when there is one. Apply it with `| kubectl apply -f -`.
+    Install {
+        /// `oci://registry/repository[:tag][@sha256:...]` or a file.
+        target: String,
+        /// The object's name.
+        #[arg(long)]
+        name: String,
+        /// The plugin's settings (a YAML or JSON file), for `spec.settings`.
+        #[arg(long)]
+        settings: Option<PathBuf>,
+        /// `Fail` (default) or `Ignore`: what a failed plugin call does.
+        #[arg(long, value_parser = ["Fail", "Ignore"])]
+        failure_policy: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
 }
 
 /// How to reach the registry.
@@ -157,7 +176,79 @@ pub fn run(command: PluginCommand) -> anyhow::Result<ExitCode> {
             sha256.as_deref(),
             &registry,
         )),
+        PluginCommand::Install {
+            target,
+            name,
+            settings,
+            failure_policy,
+            registry,
+        } => block_on(install(
+            &target,
+            &name,
+            settings.as_deref(),
+            failure_policy,
+            &registry,
+        )),
     }
+}
+
+/// The `TrainerPlugin` of `target` (see [`PluginCommand::Install`]).
+async fn install(
+    target: &str,
+    name: &str,
+    settings: Option<&Path>,
+    failure_policy: Option<String>,
+    registry: &RegistryArgs,
+) -> anyhow::Result<ExitCode> {
+    let problems = trainhub_apiserver::names::dns1123_subdomain(name);
+    if !problems.is_empty() {
+        anyhow::bail!("--name {name:?}: {}", problems.join("; "));
+    }
+    let mut spec = serde_json::Map::new();
+    if is_oci(target) {
+        let client = client(registry)?;
+        // A tag is resolved now: the object pins what it names today.
+        let pinned = pin(&client, target, true).await?;
+        let text = pinned.to_string();
+        let module = if text.starts_with("oci://") {
+            text
+        } else {
+            format!("oci://{text}")
+        };
+        spec.insert("module".into(), module.into());
+    } else {
+        let path = std::path::absolute(target).with_context(|| format!("resolving {target}"))?;
+        let bytes = read_bounded(&path, MAX_MODULE_FILE)?;
+        spec.insert("module".into(), format!("file://{}", path.display()).into());
+        spec.insert(
+            "sha256".into(),
+            trainhub_plugin_oci::Digest::of(&bytes).hex().into(),
+        );
+        let sig = signature_path(&path);
+        if sig.exists() {
+            spec.insert("signature".into(), read_text(&sig)?.trim().into());
+        }
+    }
+    if let Some(path) = settings {
+        let text = read_text(path)?;
+        let value: serde_json::Value = serde_saphyr::from_str(&text)
+            .with_context(|| format!("{}: not YAML or JSON", path.display()))?;
+        spec.insert("settings".into(), value);
+    }
+    if let Some(policy) = failure_policy {
+        spec.insert("failurePolicy".into(), policy.into());
+    }
+    let object = serde_json::json!({
+        "apiVersion": "trainhub.kubeflow.org/v1alpha1",
+        "kind": "TrainerPlugin",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    print!(
+        "{}",
+        serde_saphyr::to_string(&object).context("printing the object")?
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn block_on(

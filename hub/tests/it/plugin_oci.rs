@@ -187,6 +187,43 @@ fn keygen_push_sign_verify_through_trainctl() {
     assert_eq!(code, 0, "{out}{err}");
     let (code, _, err) = verify_file("mallory.pub");
     assert_eq!(code, 1, "{err}");
+
+    // install: the objects that load them, digests filled in.
+    std::fs::write(dir.join("settings.yaml"), "cluster: c1\n").unwrap();
+    let (code, out, err) = trainctl(
+        dir,
+        &[
+            "install",
+            "acme.wasm",
+            "--name",
+            "acme",
+            "--settings",
+            "settings.yaml",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let object: serde_json::Value = serde_saphyr::from_str(&out).unwrap();
+    assert_eq!(object["kind"], "TrainerPlugin");
+    assert_eq!(object["metadata"]["name"], "acme");
+    let spec = &object["spec"];
+    assert_eq!(
+        spec["module"],
+        format!("file://{}", dir.join("acme.wasm").display())
+    );
+    assert_eq!(spec["sha256"], Digest::of(&module).hex());
+    let sig = std::fs::read_to_string(dir.join("acme.wasm.sig")).unwrap();
+    assert_eq!(spec["signature"], sig.trim());
+    assert_eq!(spec["settings"], serde_json::json!({"cluster": "c1"}));
+    let (code, out, err) = trainctl(dir, &["install", &target, "--name", "acme", "--plain-http"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let object: serde_json::Value = serde_saphyr::from_str(&out).unwrap();
+    assert_eq!(
+        object["spec"]["module"], pinned,
+        "the tag resolved to its digest"
+    );
+    let (code, _, err) = trainctl(dir, &["install", "acme.wasm", "--name", "Not_A_Name"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--name"), "{err}");
     let mut changed = module.clone();
     changed.push(0);
     std::fs::write(dir.join("acme.wasm"), &changed).unwrap();
