@@ -893,12 +893,10 @@ async fn with_one_etcd_member_killed_the_hub_keeps_serving_creates_and_dispatch(
     assert_placed_once(&ha, &names);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let Some(etcd) = local_etcd(1, dir.path()) else {
-        return;
-    };
+/// `trainhub dev` with two replicas on a one-member etcd and one spoke
+/// (None when etcd is not installed and not required).
+fn dev_replicas_on_etcd(dir: &std::path::Path) -> Option<(LocalEtcd, crate::common::DevHub)> {
+    let etcd = local_etcd(1, dir)?;
     let endpoints = etcd.endpoints().join(",");
     let mut args = vec![
         "--etcd-servers",
@@ -910,6 +908,15 @@ async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader()
     ];
     args.extend(ELECTION);
     let hub = crate::common::DevHub::start_args(&args, |_| {});
+    Some((etcd, hub))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let Some((etcd, hub)) = dev_replicas_on_etcd(dir.path()) else {
+        return;
+    };
     hub.kubectl_stdin(
         &["create", "-f", "-"],
         Some(&trainjob("dev-ha", "echo dev-ha")),
@@ -971,20 +978,9 @@ fn kubeflow_sdk_suite_passes_against_the_etcd_store() {
 async fn a_trainer_plugin_applied_through_one_replica_serves_on_both() {
     use sha2::Digest as _;
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let Some(etcd) = local_etcd(1, dir.path()) else {
+    let Some((etcd, hub)) = dev_replicas_on_etcd(dir.path()) else {
         return;
     };
-    let endpoints = etcd.endpoints().join(",");
-    let mut args = vec![
-        "--etcd-servers",
-        &endpoints,
-        "--replicas",
-        "2",
-        "--spokes",
-        "1",
-    ];
-    args.extend(ELECTION);
-    let hub = crate::common::DevHub::start_args(&args, |_| {});
     // The second replica's API, as the hub logs it.
     let second = hub
         .log()
