@@ -7,6 +7,7 @@
 //! - [`cosign`]: cosign's key-based signature format, compatible with
 //!   `cosign sign --key` / `cosign verify --key`.
 //! - [`detached`]: detached signature files for modules from a URL or file.
+//! - [`url::fetch_https`]: a module at an `https://` URL, pinned by sha256.
 //! - [`TrustPolicy`]: Kubewarden-shaped `allOf` / `anyOf` of public keys,
 //!   evaluated into a [`Verdict`] or a [`Refusal`] naming the missing key.
 //!
@@ -22,6 +23,7 @@ pub mod local_registry;
 pub mod policy;
 mod reference;
 mod registry;
+pub mod url;
 
 pub use cosign::CosignSignature;
 pub use detached::DetachedSignature;

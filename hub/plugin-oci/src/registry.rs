@@ -810,7 +810,7 @@ fn request_error(e: &reqwest::Error, reference: &ModuleRef) -> Error {
 }
 
 /// The error and its sources, `: `-separated.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

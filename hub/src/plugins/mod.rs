@@ -16,7 +16,7 @@ use trainhub_plugin_sdk::FieldError;
 
 pub use host::{Host, HostConfig, Limits, LoadedPlugin};
 pub use pipeline::{Pipeline, PipelineError, Rendered};
-pub use registry::{Registry, Snapshot};
+pub use registry::{Loading, Registry, Snapshot};
 
 /// A plugin as errors name it: its name (or file, before it has described
 /// itself) and the sha256 digest of its component.

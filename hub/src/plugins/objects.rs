@@ -40,7 +40,7 @@ use trainhub_apiserver::store::{Key, Op, Store, StoreError};
 use trainhub_plugin_sdk::{self as sdk, Capabilities, RuntimeInfo, Target, Validation};
 
 use super::pipeline::PhasePlugin;
-use super::registry::Registry;
+use super::registry::{Loading, Registry};
 use super::{Limits, PluginError, PluginId};
 
 /// Store key of the kind (cluster-scoped).
@@ -464,6 +464,36 @@ impl ObjectPlugins {
                 }
             }
         }
+        // Objects not serving yet hold the TrainJobs they may be for (see
+        // `Loading`) until their first load ends, either way.
+        let loading: Vec<Loading> = {
+            let entries = lock(&self.entries);
+            todo.iter()
+                .filter(|o| {
+                    // A first attempt (a retry of the same generation
+                    // holds nothing: the object says why it failed).
+                    identity(o).is_some_and(|(name, uid, generation)| {
+                        entries.get(name).is_none_or(|e| {
+                            e.uid != uid || (e.plugin.is_none() && e.generation != generation)
+                        })
+                    }) && !o["spec"]["module"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("builtin:"))
+                })
+                .filter_map(|o| {
+                    Some(Loading {
+                        name: identity(o)?.0.to_string(),
+                        frameworks: o["spec"]["frameworks"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|f| f.as_str().map(str::to_string))
+                            .collect(),
+                    })
+                })
+                .collect()
+        };
+        self.registry.set_loading(loading);
         let mut outcomes = self.outcomes.borrow().clone();
         for object in todo {
             let Some((name, uid, generation)) = identity(&object) else {
@@ -531,6 +561,7 @@ impl ObjectPlugins {
         };
         outcomes.retain(|name, _| present.contains(&name.as_str()));
         self.registry.set_object_plugins(plugins);
+        self.registry.set_loading(Vec::new());
         self.outcomes.send_if_modified(|current| {
             let changed = *current != outcomes;
             *current = outcomes;

@@ -175,6 +175,10 @@ pub enum PipelineError {
     /// No plugin handles what the runtime asks for.
     #[error("{0}")]
     NoPlugin(String),
+    /// A `TrainerPlugin` that may handle the runtime is loading for the
+    /// first time: try again shortly rather than fall back to `plainml`.
+    #[error("TrainerPlugin {0:?} is loading and may serve this runtime; try again shortly")]
+    Loading(String),
     #[error(transparent)]
     Plugin(#[from] PluginError),
     #[error("cannot serialise {what}: {reason}")]
@@ -185,7 +189,11 @@ impl PipelineError {
     /// Whether a plugin call could not run now (the host is overloaded):
     /// the caller retries later instead of failing the TrainJob.
     pub fn is_transient(&self) -> bool {
-        matches!(self, PipelineError::Plugin(e) if e.is_transient())
+        match self {
+            PipelineError::Plugin(e) => e.is_transient(),
+            PipelineError::Loading(_) => true,
+            _ => false,
+        }
     }
 }
 
@@ -228,6 +236,17 @@ impl Pipeline {
             .framework()
             .and_then(|label| plugins.iter().find(|p| handles(p, label)));
         let by_source = source.and_then(|s| plugins.iter().find(|p| handles(p, s)));
+        if by_label.is_none()
+            && by_source.is_none()
+            && let Some(loading) = snapshot.loading().iter().find(|l| {
+                l.frameworks.is_empty()
+                    || l.frameworks.iter().any(|f| {
+                        Some(f.as_str()) == runtime.framework() || Some(f.as_str()) == source
+                    })
+            })
+        {
+            return Err(PipelineError::Loading(loading.name.clone()));
+        }
         let ml = by_label
             .or(by_source)
             .or_else(|| plugins.iter().find(|p| handles(p, "plainml")))

@@ -33,6 +33,19 @@ use super::{Host, Limits, PluginError};
 pub struct Snapshot {
     plugins: Vec<Arc<dyn PhasePlugin>>,
     problems: Vec<(PathBuf, String)>,
+    loading: Vec<Loading>,
+}
+
+/// A `TrainerPlugin` whose module is being fetched and compiled for the
+/// first time: until it serves, a TrainJob it may be for waits instead of
+/// falling back to `plainml`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loading {
+    /// The object's name.
+    pub name: String,
+    /// Its `spec.frameworks`; empty when the object does not say (then
+    /// every TrainJob that would fall back waits).
+    pub frameworks: Vec<String>,
 }
 
 impl Snapshot {
@@ -41,7 +54,13 @@ impl Snapshot {
         Snapshot {
             plugins,
             problems: Vec::new(),
+            loading: Vec::new(),
         }
+    }
+
+    /// `TrainerPlugin`s loading for the first time.
+    pub fn loading(&self) -> &[Loading] {
+        &self.loading
     }
 
     pub fn plugins(&self) -> &[Arc<dyn PhasePlugin>] {
@@ -93,6 +112,8 @@ pub struct Registry {
     /// object name; like the directory's, they replace built-ins of the
     /// same plugin name.
     objects: Mutex<Vec<Arc<dyn PhasePlugin>>>,
+    /// Objects loading for the first time (see [`Loading`]).
+    loading: Mutex<Vec<Loading>>,
     /// Every plugin version loaded since start, by digest: a TrainJob keeps
     /// the plugins it was admitted with (its runtime snapshot) after the
     /// directory replaced or removed them.
@@ -119,6 +140,7 @@ impl Registry {
             current: RwLock::new(Arc::new(Snapshot::new(builtins.clone()))),
             files: Mutex::new(Files::default()),
             objects: Mutex::new(Vec::new()),
+            loading: Mutex::new(Vec::new()),
             retained: Mutex::new(
                 builtins
                     .into_iter()
@@ -259,6 +281,17 @@ impl Registry {
         self.publish(&files, problems);
     }
 
+    /// Says which objects are loading for the first time (none: `vec![]`).
+    pub fn set_loading(&self, loading: Vec<Loading>) {
+        let files = lock(&self.files);
+        if *lock(&self.loading) == loading {
+            return;
+        }
+        *lock(&self.loading) = loading;
+        let problems = self.snapshot().problems.clone();
+        self.publish(&files, problems);
+    }
+
     /// Keeps `plugin` by its digest for TrainJobs admitted with it (see
     /// [`Registry::pinned`]).
     pub fn retain(&self, plugin: Arc<dyn PhasePlugin>) {
@@ -282,7 +315,11 @@ impl Registry {
             .cloned()
             .collect();
         plugins.extend(custom);
-        let snapshot = Arc::new(Snapshot { plugins, problems });
+        let snapshot = Arc::new(Snapshot {
+            plugins,
+            problems,
+            loading: lock(&self.loading).clone(),
+        });
         match self.current.write() {
             Ok(mut s) => *s = snapshot.clone(),
             Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),

@@ -1,8 +1,8 @@
 //! Where `TrainerPlugin` modules come from, and whether they may load: the
-//! bytes of an `oci://` or `file://` module, checked against the digest the
-//! object pins, then against the hub's trust policy (cosign signatures in
-//! the registry for OCI modules, the object's detached signature for
-//! files).
+//! bytes of an `oci://`, `https://` or `file://` module, checked against
+//! the digest the object pins, then against the hub's trust policy (cosign
+//! signatures in the registry for OCI modules, the object's detached
+//! signature for URLs and files).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use base64::Engine as _;
 use sha2::Digest as _;
 use trainhub_plugin_oci::{
-    CompiledPolicy, Credentials, DetachedSignature, ModuleRef, PlainHttp, RegistryClient,
+    CompiledPolicy, Credentials, DetachedSignature, Digest, ModuleRef, PlainHttp, RegistryClient,
     RegistryOptions, TrustPolicy,
 };
 
@@ -36,6 +36,10 @@ pub struct SourceArgs {
     /// or `username`/`password`) with the credentials of private registries.
     #[arg(long, value_name = "FILE")]
     pub plugin_registry_auth: Option<PathBuf>,
+    /// PEM CA certificates trusted, besides the system's roots, for
+    /// registries and `https://` modules (a private registry's CA).
+    #[arg(long, value_name = "FILE", value_delimiter = ',')]
+    pub plugin_ca_file: Vec<PathBuf>,
 }
 
 /// What a module is, fetched and checked.
@@ -52,6 +56,7 @@ pub struct Sources {
     auths: BTreeMap<String, Credentials>,
     clients: std::sync::Mutex<BTreeMap<String, RegistryClient>>,
     policy: Option<CompiledPolicy>,
+    roots: Vec<Vec<u8>>,
 }
 
 impl Sources {
@@ -68,11 +73,24 @@ impl Sources {
             Some(path) => read_auths(path)?,
             None => BTreeMap::new(),
         };
+        let roots = args
+            .plugin_ca_file
+            .iter()
+            .map(|path| {
+                let pem = std::fs::read(path)
+                    .with_context(|| format!("--plugin-ca-file {}", path.display()))?;
+                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                    anyhow::bail!("--plugin-ca-file {}: no PEM certificate", path.display());
+                }
+                Ok(pem)
+            })
+            .collect::<Result<_>>()?;
         Ok(Sources {
             insecure: args.plugin_insecure_registries.clone(),
             auths,
             clients: std::sync::Mutex::default(),
             policy,
+            roots,
         })
     }
 
@@ -87,6 +105,7 @@ impl Sources {
                 RegistryClient::new(RegistryOptions {
                     credentials: self.auths.get(registry).cloned().unwrap_or_default(),
                     plain_http: PlainHttp::Registries(self.insecure.clone()),
+                    extra_root_certificates_pem: self.roots.clone(),
                     ..RegistryOptions::default()
                 })
             })
@@ -103,18 +122,30 @@ impl Sources {
         if spec.module.starts_with("oci://") {
             return self.fetch_oci(spec).await;
         }
-        if !spec.module.starts_with("file://") {
+        let expected = spec.digest()?;
+        let bytes = if spec.module.starts_with("https://") {
+            let digest = Digest::parse(&expected, true)
+                .map_err(|e| LoadFailure::new(REASON_INVALID, format!("spec.sha256: {e}")))?;
+            let url = spec.module.split("@sha256:").next().unwrap_or_default();
+            let options = RegistryOptions {
+                extra_root_certificates_pem: self.roots.clone(),
+                ..RegistryOptions::default()
+            };
+            trainhub_plugin_oci::url::fetch_https(url, &digest, &options)
+                .await
+                .map_err(failure)?
+        } else if spec.module.starts_with("file://") {
+            let path = spec.module.split("@sha256:").next().unwrap_or_default();
+            read_file_module(path).await?
+        } else {
             return Err(LoadFailure::new(
-                REASON_PULL_FAILED,
+                REASON_INVALID,
                 format!(
-                    "{}: this hub fetches oci:// and file:// modules only",
+                    "spec.module {}: an oci://, https:// or file:// reference is required",
                     spec.module
                 ),
             ));
-        }
-        let expected = spec.digest()?;
-        let path = spec.module.split("@sha256:").next().unwrap_or_default();
-        let bytes = read_file_module(path).await?;
+        };
         let actual = hex::encode(sha2::Sha256::digest(&bytes));
         if actual != expected {
             return Err(LoadFailure::new(
@@ -142,18 +173,6 @@ impl Sources {
     }
 
     async fn fetch_oci(&self, spec: &Spec) -> Result<Fetched, LoadFailure> {
-        let failure = |e: trainhub_plugin_oci::Error| {
-            let reason = match e.reason() {
-                "DigestMismatch" => REASON_DIGEST_MISMATCH,
-                "SignatureInvalid" => "SignatureInvalid",
-                _ => REASON_PULL_FAILED,
-            };
-            LoadFailure {
-                reason,
-                message: e.to_string(),
-                transient: e.is_transient(),
-            }
-        };
         let reference = ModuleRef::parse(&spec.module)
             .map_err(|e| LoadFailure::new(REASON_INVALID, format!("spec.module: {e}")))?;
         let client = self.client(&reference.registry);
@@ -191,6 +210,22 @@ impl Sources {
             bytes: pulled.bytes,
             module_digest: format!("sha256:{actual}"),
         })
+    }
+}
+
+/// A registry or URL failure as the object's condition: DigestMismatch,
+/// SignatureInvalid or PullFailed (transient when the source was
+/// unreachable, so the last good version keeps serving).
+fn failure(e: trainhub_plugin_oci::Error) -> LoadFailure {
+    let reason = match e.reason() {
+        "DigestMismatch" => REASON_DIGEST_MISMATCH,
+        "SignatureInvalid" => "SignatureInvalid",
+        _ => REASON_PULL_FAILED,
+    };
+    LoadFailure {
+        reason,
+        message: e.to_string(),
+        transient: e.is_transient(),
     }
 }
 

@@ -895,7 +895,10 @@ async fn with_one_etcd_member_killed_the_hub_keeps_serving_creates_and_dispatch(
 
 /// `trainhub dev` with two replicas on a one-member etcd and one spoke
 /// (None when etcd is not installed and not required).
-fn dev_replicas_on_etcd(dir: &std::path::Path) -> Option<(LocalEtcd, crate::common::DevHub)> {
+fn dev_replicas_on_etcd(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> Option<(LocalEtcd, crate::common::DevHub)> {
     let etcd = local_etcd(1, dir)?;
     let endpoints = etcd.endpoints().join(",");
     let mut args = vec![
@@ -907,6 +910,7 @@ fn dev_replicas_on_etcd(dir: &std::path::Path) -> Option<(LocalEtcd, crate::comm
         "1",
     ];
     args.extend(ELECTION);
+    args.extend_from_slice(extra);
     let hub = crate::common::DevHub::start_args(&args, |_| {});
     Some((etcd, hub))
 }
@@ -914,7 +918,7 @@ fn dev_replicas_on_etcd(dir: &std::path::Path) -> Option<(LocalEtcd, crate::comm
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trainhub_dev_with_etcd_starts_replicas_whose_spokes_follow_the_leader() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let Some((etcd, hub)) = dev_replicas_on_etcd(dir.path()) else {
+    let Some((etcd, hub)) = dev_replicas_on_etcd(dir.path(), &[]) else {
         return;
     };
     hub.kubectl_stdin(
@@ -971,14 +975,22 @@ fn kubeflow_sdk_suite_passes_against_the_etcd_store() {
     drop(etcd);
 }
 
-/// A TrainerPlugin applied through one replica is loaded by both: each
-/// admits with it (the follower too), the leader builds with it, and the
-/// follower reports it Ready.
+/// A plugin pushed to a real registry with `trainctl plugin push`, its
+/// object printed by `trainctl plugin install` and applied through one
+/// replica, is loaded by both: each admits with it (the follower too), the
+/// leader builds with it, and the follower reports it Ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_trainer_plugin_applied_through_one_replica_serves_on_both() {
-    use sha2::Digest as _;
+async fn a_trainer_plugin_pushed_and_applied_through_one_replica_serves_on_both() {
+    use trainhub_plugin_oci::local_registry::LocalRegistry;
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let Some((etcd, hub)) = dev_replicas_on_etcd(dir.path()) else {
+    let Some(registry) = LocalRegistry::start_or_skip(&dir.path().join("registry"), None).unwrap()
+    else {
+        return;
+    };
+    let address = registry.address();
+    let Some((etcd, hub)) =
+        dev_replicas_on_etcd(dir.path(), &["--plugin-insecure-registries", &address])
+    else {
         return;
     };
     // The second replica's API, as the hub logs it.
@@ -995,16 +1007,46 @@ async fn a_trainer_plugin_applied_through_one_replica_serves_on_both() {
         all.extend_from_slice(args);
         hub.kubectl_stdin(&all, stdin)
     };
+    let trainctl = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainctl"))
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("running trainctl");
+        assert!(
+            out.status.success(),
+            "trainctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
 
-    let bytes = std::fs::read(PathBuf::from(trainhub::builtin::WASM_DIR).join("acme_plugin.wasm"))
-        .expect("the acme plugin is built with the hub");
-    let file = dir.path().join("acme.wasm");
-    std::fs::write(&file, &bytes).unwrap();
-    let plugin = format!(
-        "apiVersion: trainhub.kubeflow.org/v1alpha1\nkind: TrainerPlugin\nmetadata:\n  name: acme\nspec:\n  module: file://{}\n  sha256: \"{}\"\n  settings: {{cluster: c1}}\n",
-        file.display(),
-        hex::encode(sha2::Sha256::digest(&bytes))
+    let module = PathBuf::from(trainhub::builtin::WASM_DIR).join("acme_plugin.wasm");
+    let target = format!("oci://{address}/plugins/acme:v1");
+    let pushed = trainctl(&[
+        "plugin",
+        "push",
+        &module.display().to_string(),
+        &target,
+        "--plain-http",
+    ]);
+    assert!(
+        pushed.contains(&format!("oci://{address}/plugins/acme:v1@sha256:")),
+        "{pushed}"
     );
+    let settings = dir.path().join("settings.yaml");
+    std::fs::write(&settings, "cluster: c1\n").unwrap();
+    let plugin = trainctl(&[
+        "plugin",
+        "install",
+        &target,
+        "--name",
+        "acme",
+        "--settings",
+        &settings.display().to_string(),
+        "--plain-http",
+    ]);
+    assert!(plugin.contains("@sha256:"), "pinned by digest: {plugin}");
     let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(&plugin));
     assert!(
         out.status.success(),
@@ -1087,4 +1129,5 @@ async fn a_trainer_plugin_applied_through_one_replica_serves_on_both() {
     .await;
     drop(hub);
     drop(etcd);
+    drop(registry);
 }

@@ -217,6 +217,32 @@ async fn oci_plugins_are_pulled_by_digest_and_checked_against_the_trust_policy()
     )
     .unwrap();
     let policy_arg = policy.display().to_string();
+    // An HTTPS server for https:// modules, its CA given to the hub.
+    let web = dir.path().join("web");
+    std::fs::create_dir_all(&web).unwrap();
+    let ca = trainhub_apiserver::pki::Ca::generate("plugins-test-ca").unwrap();
+    let served = ca.issue_server("localhost", &["localhost"], &[]).unwrap();
+    for (file, pem) in [
+        ("ca.pem", ca.cert_pem()),
+        ("cert.pem", served.cert_pem.as_str()),
+        ("key.pem", served.key_pem.as_str()),
+    ] {
+        std::fs::write(dir.path().join(file), pem).unwrap();
+    }
+    let https_port = crate::common::free_port();
+    let mut https_server = std::process::Command::new("openssl")
+        .args(["s_server", "-quiet", "-WWW", "-accept"])
+        .arg(format!("127.0.0.1:{https_port}"))
+        .arg("-cert")
+        .arg(dir.path().join("cert.pem"))
+        .arg("-key")
+        .arg(dir.path().join("key.pem"))
+        .current_dir(&web)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("openssl s_server");
+    let ca_arg = dir.path().join("ca.pem").display().to_string();
     let hub = DevHub::start_args(
         &[
             "--spokes",
@@ -225,6 +251,8 @@ async fn oci_plugins_are_pulled_by_digest_and_checked_against_the_trust_policy()
             &address,
             "--plugin-trust-policy",
             &policy_arg,
+            "--plugin-ca-file",
+            &ca_arg,
         ],
         |_| {},
     );
@@ -318,6 +346,45 @@ async fn oci_plugins_are_pulled_by_digest_and_checked_against_the_trust_policy()
     std::fs::write(&blob, &bytes).unwrap();
     apply(&hub, &object("tampered", &tampered));
     wait_ready("tampered", "False/DigestMismatch/");
+
+    // An https:// module pinned by its sha256, its detached signature by
+    // the trusted key in spec.signature: loaded. Unsigned: Untrusted. A
+    // sha256 other than the served bytes': DigestMismatch.
+    let served = variant(b"https");
+    std::fs::write(web.join("acme.wasm"), &served).unwrap();
+    let served_sha = hex::encode(sha2::Sha256::digest(&served));
+    let signature = trainhub_plugin_oci::DetachedSignature::sign(
+        &SigningKey::from_pem(&trusted.private_pem).unwrap(),
+        &served,
+    )
+    .unwrap()
+    .to_file_text();
+    let url_object = |name: &str, sha: &str, signature: Option<&str>| {
+        let signature = signature
+            .map(|s| format!("  signature: \"{}\"\n", s.trim()))
+            .unwrap_or_default();
+        format!(
+            "apiVersion: trainhub.kubeflow.org/v1alpha1\nkind: TrainerPlugin\nmetadata:\n  name: {name}\nspec:\n  module: https://localhost:{https_port}/acme.wasm\n  sha256: \"{sha}\"\n  settings: {{cluster: c1}}\n{signature}"
+        )
+    };
+    let out = apply(&hub, &url_object("web", &served_sha, Some(&signature)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_ready("web", "True/Loaded/");
+    apply(&hub, &url_object("web-unsigned", &served_sha, None));
+    wait_ready("web-unsigned", "False/Untrusted/");
+    let other_sha = hex::encode(sha2::Sha256::digest(b"other bytes"));
+    apply(
+        &hub,
+        &url_object("web-pinned-elsewhere", &other_sha, Some(&signature)),
+    );
+    let state = wait_ready("web-pinned-elsewhere", "False/DigestMismatch/");
+    assert!(state.contains(&other_sha), "{state}");
+    let _ = https_server.kill();
+    let _ = https_server.wait();
 
     // The registry gone: a new generation of `good` cannot be pulled, and
     // the version loaded before keeps serving.

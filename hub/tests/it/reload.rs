@@ -170,3 +170,43 @@ fn the_watcher_picks_up_a_new_plugin() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// While a `TrainerPlugin` loads for the first time, a TrainJob that would
+/// otherwise fall back to `plainml` is held (a transient error naming the
+/// plugin), unless the object names frameworks that are not the runtime's.
+#[test]
+fn a_trainjob_waits_for_a_plugin_loading_for_the_first_time_instead_of_falling_back() {
+    use trainhub::plugins::Loading;
+    let host = host();
+    let registry = Registry::new(
+        host.clone(),
+        trainhub::builtin::load(&host).expect("built-ins"),
+        None,
+    );
+    let render_now = || {
+        render(
+            &acme_inputs(true),
+            &registry.snapshot(),
+            &trainhub_plugin_sdk::testing::target("spoke-a"),
+        )
+    };
+    assert!(render_now().is_ok(), "falls back to plainml");
+
+    for frameworks in [vec![], vec!["acme".to_string()]] {
+        registry.set_loading(vec![Loading {
+            name: "acme".into(),
+            frameworks,
+        }]);
+        let e = render_now().expect_err("held while acme loads");
+        let text = e.to_string();
+        assert!(text.contains("TrainerPlugin \"acme\" is loading"), "{text}");
+    }
+    // An object for other frameworks holds nothing.
+    registry.set_loading(vec![Loading {
+        name: "jaxish".into(),
+        frameworks: vec!["jaxish".into()],
+    }]);
+    assert!(render_now().is_ok());
+    registry.set_loading(Vec::new());
+    assert!(render_now().is_ok());
+}

@@ -7,6 +7,21 @@ use trainhub_plugin_oci::{Digest, Error, Object};
 
 use crate::{client, module_ref};
 
+/// The path of the HTTP request `stream` starts with (its head read
+/// whole); `None` when the client goes away first.
+pub async fn request_path<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Option<String> {
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&request);
+    Some(head.split(' ').nth(1).unwrap_or("/").to_string())
+}
+
 /// Serves every connection with `answer(path)`, for the test's lifetime.
 async fn serve(answer: fn(&str, u16) -> Vec<Vec<u8>>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -14,16 +29,9 @@ async fn serve(answer: fn(&str, u16) -> Vec<Vec<u8>>) -> String {
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&request);
-                let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                let Some(path) = request_path(&mut stream).await else {
+                    return;
+                };
                 for part in answer(&path, port) {
                     if stream.write_all(&part).await.is_err() {
                         return;

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod fake_registry;
+mod https;
 mod openssl_interop;
 mod registry;
 mod signatures;
