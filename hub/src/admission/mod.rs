@@ -48,12 +48,42 @@ pub use cel::CompileError;
 pub use schema::{Schema, SchemaError};
 
 /// Where runtime snapshots are kept: one object per TrainJob, keyed by its
-/// namespace and uid, `{uid, trainjob, runtime, runtimeResourceVersion,
-/// plugins: [{name, digest}]}`: the runtime (defaulted) and the plugins a
-/// TrainJob was admitted with, which Build and PostExecution use for its
-/// whole life. Written in the same transaction as the TrainJob's create;
-/// removed with the TrainJob. Not served by the API.
+/// namespace and uid, `{uid, trainjob, runtimeVersion,
+/// runtimeResourceVersion, plugins: [{name, digest}]}`: the runtime
+/// (defaulted, in [`RUNTIME_VERSIONS`]) and the plugins a TrainJob was
+/// admitted with, which Build and PostExecution use for its whole life.
+/// Written in the same transaction as the TrainJob's create; removed with
+/// the TrainJob. Not served by the API. (Snapshots written before runtime
+/// versions existed carry the runtime inline, as `runtime`; they are still
+/// read.)
 pub const RUNTIME_SNAPSHOTS: &str = "trainhub.kubeflow.org/runtimesnapshots";
+
+/// Where the runtimes of snapshots are kept, once per content: named by
+/// the sha256 of the defaulted runtime's JSON (32 hex digits), value
+/// `{runtime}`. Every TrainJob admitted against one version of a runtime
+/// refers to one object, written by the first of them. The leader removes
+/// the versions no snapshot refers to (see `Dispatch`'s sweep).
+pub const RUNTIME_VERSIONS: &str = "trainhub.kubeflow.org/runtimeversions";
+
+/// The key of the runtime version `name`.
+pub fn runtime_version_key(name: &str) -> Key {
+    Key::new(RUNTIME_VERSIONS, None, name)
+}
+
+/// The name of a defaulted runtime's version: its JSON's sha256, 32 hex
+/// digits.
+///
+/// # Errors
+///
+/// The runtime cannot be serialised.
+pub fn runtime_version_name(runtime: &sdk::Runtime) -> Result<(String, Value), String> {
+    use sha2::Digest as _;
+    let value = serde_json::to_value(runtime).map_err(|e| format!("the runtime: {e}"))?;
+    let bytes = serde_json::to_vec(&value).map_err(|e| format!("the runtime: {e}"))?;
+    let mut name = hex::encode(sha2::Sha256::digest(&bytes));
+    name.truncate(32);
+    Ok((name, value))
+}
 
 /// The runtime and plugins a stored TrainJob runs with.
 #[derive(Debug)]
@@ -62,7 +92,7 @@ pub struct Pinned {
     /// The plugins it was admitted with; `None` when it has no snapshot
     /// (created before snapshots existed, or by server-side apply), in
     /// which case `runtime` is the runtime as it is now and the caller
-    /// takes the snapshot ([`snapshot_op`]).
+    /// takes the snapshot ([`snapshot_ops`]).
     pub plugins: Option<Vec<PluginId>>,
 }
 
@@ -71,31 +101,55 @@ pub fn snapshot_key(namespace: &str, uid: &str) -> Key {
     Key::new(RUNTIME_SNAPSHOTS, Some(namespace), uid)
 }
 
-/// The write that keeps `runtime` and `plugins` as what the TrainJob
-/// `namespace/name` (`uid`) runs with. Idempotent (a put).
-pub fn snapshot_op(
+/// The writes that keep `runtime` and `plugins` as what the TrainJob
+/// `namespace/name` (`uid`) runs with: the snapshot, and the runtime
+/// version when `store` does not hold it yet. `stored` is the runtime's
+/// version name and resourceVersion when it was read from the store (else
+/// the version is named from `runtime`). Idempotent (puts).
+///
+/// # Errors
+///
+/// The runtime cannot be serialised.
+pub fn snapshot_ops(
+    store: &dyn Store,
     namespace: &str,
     name: &str,
     uid: &str,
     runtime: &sdk::Runtime,
-    runtime_rv: Option<Rv>,
+    stored: Option<(&str, Rv)>,
     plugins: &[PluginId],
-) -> Result<Op, String> {
-    let runtime = serde_json::to_value(runtime).map_err(|e| format!("the runtime: {e}"))?;
+) -> Result<Vec<Op>, String> {
+    let mut ops = Vec::with_capacity(2);
+    let runtime_rv = stored.map(|(_, rv)| rv);
+    let version = match stored.map(|(v, _)| v) {
+        Some(v) if store.revision_of(&runtime_version_key(v)).is_some() => v.to_string(),
+        _ => {
+            let (version, value) = runtime_version_name(runtime)?;
+            let key = runtime_version_key(&version);
+            if store.revision_of(&key).is_none() {
+                ops.push(Op::Put {
+                    key,
+                    value: serde_json::json!({"runtime": value}),
+                });
+            }
+            version
+        }
+    };
     let plugins: Vec<Value> = plugins
         .iter()
         .map(|p| serde_json::json!({"name": p.name, "digest": p.digest}))
         .collect();
-    Ok(Op::Put {
+    ops.push(Op::Put {
         key: snapshot_key(namespace, uid),
         value: serde_json::json!({
             "uid": uid,
             "trainjob": name,
-            "runtime": runtime,
+            "runtimeVersion": version,
             "runtimeResourceVersion": runtime_rv.map(|rv| rv.to_string()),
             "plugins": plugins,
         }),
-    })
+    });
+    Ok(ops)
 }
 
 /// Where admission gets the plugins that validate TrainJobs.
@@ -213,11 +267,14 @@ pub struct TrainerAdmission {
     runtimes: moka::sync::Cache<(Key, Rv), Arc<sdk::Runtime>>,
     /// Runtime snapshots read, by key and resourceVersion.
     snapshots: moka::sync::Cache<(Key, Rv), Arc<Pinned>>,
-    /// The runtimes of snapshots, by the runtime's kind, namespace, name and
-    /// resourceVersion when it was snapshotted: every TrainJob admitted
-    /// against one version of a runtime shares one parsed copy, instead of
-    /// one per TrainJob.
-    snapshot_runtimes: moka::sync::Cache<(String, String, String, String), Arc<sdk::Runtime>>,
+    /// The runtimes of snapshots, by version name (or, for snapshots with
+    /// the runtime inline, the runtime's kind, namespace, name and
+    /// resourceVersion): every TrainJob admitted against one version of a
+    /// runtime shares one parsed copy, instead of one per TrainJob.
+    snapshot_runtimes: moka::sync::Cache<String, Arc<sdk::Runtime>>,
+    /// The version name of a stored runtime, by key and resourceVersion:
+    /// a create names it without serialising the runtime again.
+    version_names: moka::sync::Cache<(Key, Rv), String>,
     /// Who may set a TrainJob's priority annotation: the policy's admin
     /// groups.
     admin_groups: Vec<String>,
@@ -242,6 +299,7 @@ impl TrainerAdmission {
             runtimes: moka::sync::Cache::new(1024),
             snapshots: crate::memory::lru(1024),
             snapshot_runtimes: moka::sync::Cache::new(256),
+            version_names: moka::sync::Cache::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()
                 .map(|g| g.to_string())
@@ -443,16 +501,24 @@ impl TrainerAdmission {
                     && validation.errors.is_empty()
                     && let Some(uid) = object["metadata"]["uid"].as_str()
                 {
-                    let op = snapshot_op(
+                    let keeping = |e: String| ApiError::internal(format!("keeping {e}"));
+                    let version = self
+                        .version_names
+                        .try_get_with((stored.key.clone(), stored.rv), || {
+                            runtime_version_name(&runtime).map(|(name, _)| name)
+                        })
+                        .map_err(|e| keeping((*e).clone()))?;
+                    let ops = snapshot_ops(
+                        self.store.as_ref(),
                         namespace,
                         request.name,
                         uid,
                         &runtime,
-                        Some(stored.rv),
+                        Some((&version, stored.rv)),
                         &pipeline.plugin_ids(),
                     )
-                    .map_err(|e| ApiError::internal(format!("keeping {e}")))?;
-                    outcome.also.push(op);
+                    .map_err(keeping)?;
+                    outcome.also.extend(ops);
                 }
                 Ok(validation
                     .errors
@@ -496,27 +562,20 @@ impl TrainerAdmission {
         let cache_key = (key, stored.rv);
         let unreadable =
             |e: String| format!("the runtime snapshot of the TrainJob is unreadable: {e}");
-        let snapshotted = &stored.value["runtime"];
-        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
-        let version = (
-            text(&snapshotted["kind"]),
-            text(&snapshotted["metadata"]["namespace"]),
-            text(&snapshotted["metadata"]["name"]),
-            text(&stored.value["runtimeResourceVersion"]),
-        );
-        let parse = || {
-            serde_json::from_value::<sdk::Runtime>(snapshotted.clone())
-                .map(Arc::new)
-                .map_err(|e| unreadable(e.to_string()))
-        };
-        // A resourceVersion names one version of one runtime; a snapshot
-        // without one is parsed on its own.
-        let runtime = if version.3.is_empty() {
-            parse()?
-        } else {
-            self.snapshot_runtimes
-                .try_get_with(version, parse)
-                .map_err(|e| (*e).clone())?
+        let runtime = match stored.value["runtimeVersion"].as_str() {
+            Some(version) => match self.version_runtime(version)? {
+                Some(runtime) => runtime,
+                // Its version removed under it (it should not be): the
+                // runtime as it is now, as for a TrainJob without snapshot.
+                None => {
+                    tracing::warn!(trainjob = ?job.metadata.name, version, "runtime version of a snapshot missing; using the runtime as it is now");
+                    return Ok(Arc::new(Pinned {
+                        runtime: self.runtime_of(job)?,
+                        plugins: None,
+                    }));
+                }
+            },
+            None => self.inline_runtime(&stored.value).map_err(unreadable)?,
         };
         let plugins = stored.value["plugins"]
             .as_array()
@@ -536,6 +595,78 @@ impl TrainerAdmission {
         });
         self.snapshots.insert(cache_key, pinned.clone());
         Ok(pinned)
+    }
+
+    /// The version names of the runtimes stored now (see
+    /// [`RUNTIME_VERSIONS`]); a runtime that cannot be read has none.
+    pub fn current_runtime_versions(&self) -> std::collections::HashSet<String> {
+        let mut names = std::collections::HashSet::new();
+        for resource in [
+            trainjob::TRAINING_RUNTIMES,
+            trainjob::CLUSTER_TRAINING_RUNTIMES,
+        ] {
+            let (objects, _) = self.store.list(resource, None);
+            for stored in objects {
+                let Ok(runtime) = self.read_runtime(&stored) else {
+                    continue;
+                };
+                if let Ok(name) = self
+                    .version_names
+                    .try_get_with((stored.key.clone(), stored.rv), || {
+                        runtime_version_name(&runtime).map(|(name, _)| name)
+                    })
+                {
+                    names.insert(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// The runtime of version `version`, parsed once for every snapshot
+    /// that names it; `None` when the store does not hold it.
+    fn version_runtime(&self, version: &str) -> Result<Option<Arc<sdk::Runtime>>, String> {
+        if let Some(runtime) = self.snapshot_runtimes.get(version) {
+            return Ok(Some(runtime));
+        }
+        let Some(stored) = self.store.get(&runtime_version_key(version)) else {
+            return Ok(None);
+        };
+        let runtime: sdk::Runtime = serde_json::from_value(stored.value["runtime"].clone())
+            .map_err(|e| format!("runtime version {version} is unreadable: {e}"))?;
+        let runtime = Arc::new(runtime);
+        self.snapshot_runtimes
+            .insert(version.to_string(), runtime.clone());
+        Ok(Some(runtime))
+    }
+
+    /// The runtime of a snapshot that carries it inline (written before
+    /// runtime versions), shared by the snapshots of one runtime version.
+    fn inline_runtime(&self, snapshot: &Value) -> Result<Arc<sdk::Runtime>, String> {
+        let snapshotted = &snapshot["runtime"];
+        let parse = || {
+            serde_json::from_value::<sdk::Runtime>(snapshotted.clone())
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        };
+        let rv = snapshot["runtimeResourceVersion"]
+            .as_str()
+            .unwrap_or_default();
+        // A resourceVersion names one version of one runtime; a snapshot
+        // without one is parsed on its own.
+        if rv.is_empty() {
+            return parse();
+        }
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        let version = format!(
+            "inline/{}/{}/{}/{rv}",
+            text(&snapshotted["kind"]),
+            text(&snapshotted["metadata"]["namespace"]),
+            text(&snapshotted["metadata"]["name"]),
+        );
+        self.snapshot_runtimes
+            .try_get_with(version, parse)
+            .map_err(|e| (*e).clone())
     }
 
     /// The runtime a stored TrainJob refers to, defaulted as admission

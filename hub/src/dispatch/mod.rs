@@ -22,6 +22,7 @@ pub mod core;
 mod observe;
 pub mod queues;
 pub mod quota;
+mod snapshots;
 mod writer;
 
 use std::collections::{BTreeSet, HashMap};
@@ -91,6 +92,9 @@ pub struct DispatchConfig {
     /// disconnect: the worker-lost timer starts), so a half-open
     /// connection (a partition) is noticed.
     pub spoke_silence: Duration,
+    /// How often runtime versions no TrainJob uses are looked for (one
+    /// goes at its second sweep unused; see [`snapshots`]).
+    pub runtime_version_sweep: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -99,6 +103,7 @@ impl Default for DispatchConfig {
             core: core::Config::default(),
             tick: Duration::from_secs(1),
             spoke_silence: Duration::from_secs(30),
+            runtime_version_sweep: Duration::from_secs(600),
         }
     }
 }
@@ -200,6 +205,7 @@ impl DispatchArgs {
             // Tick often enough for short (test-sized) timeouts.
             tick: Duration::from_millis((shortest / 4).clamp(100, 1000)),
             spoke_silence: Duration::from_secs(*spoke_silence_seconds),
+            ..DispatchConfig::default()
         }
     }
 }
@@ -541,6 +547,10 @@ impl Dispatch {
         let quota_tasks = [
             tokio::spawn(self.clone().follow_queues()),
             tokio::spawn(self.clone().publish_queues()),
+            tokio::spawn(
+                self.clone()
+                    .sweep_runtime_versions(self.config.runtime_version_sweep),
+            ),
         ];
         loop {
             tokio::select! {
@@ -855,7 +865,8 @@ impl Dispatch {
                 job.metadata.uid.as_deref(),
             )
         {
-            let op = crate::admission::snapshot_op(
+            let ops = crate::admission::snapshot_ops(
+                self.store.as_ref(),
                 namespace,
                 name,
                 uid,
@@ -863,7 +874,7 @@ impl Dispatch {
                 None,
                 &pipeline.plugin_ids(),
             )?;
-            self.write(vec![op]);
+            self.write(ops);
         }
         Ok((job, runtime, pipeline))
     }
@@ -906,17 +917,40 @@ impl Dispatch {
         snapshots: &[trainhub_apiserver::store::Object],
         trainjobs: &[trainhub_apiserver::store::Object],
     ) {
-        let uids: std::collections::HashSet<&str> = trainjobs
-            .iter()
-            .filter_map(|o| o.value["metadata"]["uid"].as_str())
-            .collect();
-        let gone: Vec<Op> = snapshots
-            .iter()
-            .filter(|s| !uids.contains(s.key.name.as_str()))
-            .map(|s| Op::Remove { key: s.key.clone() })
-            .collect();
+        let gone = snapshots::orphans(snapshots, trainjobs);
         if !gone.is_empty() {
             self.write(gone);
+        }
+    }
+
+    /// Every `interval`: the runtime versions no snapshot names (see
+    /// [`snapshots`]), and snapshots left by a TrainJob deleted while its
+    /// removal could not be written.
+    async fn sweep_runtime_versions(self: Arc<Self>, interval: Duration) {
+        let mut unreferenced = std::collections::HashSet::new();
+        loop {
+            tokio::time::sleep(interval).await;
+            let this = self.clone();
+            let before = std::mem::take(&mut unreferenced);
+            let swept = tokio::task::spawn_blocking(move || {
+                let (versions, _) = this.store.list(crate::admission::RUNTIME_VERSIONS, None);
+                let (snapshots, _) = this.store.list(crate::admission::RUNTIME_SNAPSHOTS, None);
+                let (trainjobs, _) = this.store.list(TRAINJOBS, None);
+                this.sweep_snapshots(&snapshots, &trainjobs);
+                let current = this.admission.current_runtime_versions();
+                let (remove, now) =
+                    snapshots::unused_versions(&versions, &snapshots, &current, &before);
+                if !remove.is_empty() {
+                    tracing::info!(
+                        versions = remove.len(),
+                        "removing runtime versions no TrainJob uses"
+                    );
+                    this.write(remove);
+                }
+                now
+            })
+            .await;
+            unreferenced = swept.unwrap_or_default();
         }
     }
 

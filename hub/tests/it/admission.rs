@@ -921,9 +921,10 @@ async fn an_overloaded_plugin_host_answers_429_with_retry_after() {
 }
 
 /// A TrainJob's create keeps, in the same transaction, the runtime and the
-/// plugins (names and digests) it was admitted with; a dry run or an
-/// update keeps nothing. A snapshot naming a plugin no longer loaded is
-/// refused with its name and digest.
+/// plugins (names and digests) it was admitted with: the runtime once per
+/// version (written by the first create that needs it), the snapshot per
+/// TrainJob; a dry run or an update keeps nothing. A snapshot naming a
+/// plugin no longer loaded is refused with its name and digest.
 #[tokio::test]
 async fn a_create_keeps_the_runtime_and_plugins_it_was_admitted_with() {
     use trainhub_apiserver::store::Op;
@@ -937,12 +938,26 @@ async fn a_create_keeps_the_runtime_and_plugins_it_was_admitted_with() {
     let (_, outcome) = hub
         .admit_with(Operation::Create, None, &example, None)
         .unwrap();
-    let [Op::Put { key, value }] = outcome.also.as_slice() else {
-        panic!("expected one snapshot write, got {:?}", outcome.also);
+    let [
+        Op::Put {
+            key: version_key,
+            value: version,
+        },
+        Op::Put { key, value },
+    ] = outcome.also.as_slice()
+    else {
+        panic!(
+            "expected the runtime version and the snapshot, got {:?}",
+            outcome.also
+        );
     };
+    assert_eq!(version_key.resource, trainhub::admission::RUNTIME_VERSIONS);
+    assert_eq!(version_key.name.len(), 32, "{}", version_key.name);
+    assert_eq!(version["runtime"]["metadata"]["name"], "torch-distributed");
     assert_eq!(key.resource, trainhub::admission::RUNTIME_SNAPSHOTS);
     assert_eq!(key.name, "3b1f0c9e-0000-4000-8000-000000000001");
-    assert_eq!(value["runtime"]["metadata"]["name"], "torch-distributed");
+    assert_eq!(value["runtimeVersion"], version_key.name.as_str());
+    assert!(value.get("runtime").is_none(), "{value}");
     let plugins: Vec<(String, String)> = value["plugins"]
         .as_array()
         .unwrap()
@@ -975,9 +990,25 @@ async fn a_create_keeps_the_runtime_and_plugins_it_was_admitted_with() {
     let e = registry.pinned(&[gone]).err().unwrap();
     assert!(e.contains("torch") && e.contains("no longer loaded"), "{e}");
 
+    let version_name = version_key.name.clone();
+    hub.store.commit(outcome.also.clone()).await.unwrap();
     let stored = hub.apply(&example).await;
     let (_, outcome) = hub
         .admit_with(Operation::Update, None, &stored, Some(&stored))
         .unwrap();
     assert!(outcome.also.is_empty(), "{:?}", outcome.also);
+
+    // The version stored, the next create of the same runtime writes its
+    // snapshot only, naming the same version.
+    let mut second = example.clone();
+    second["metadata"]["name"] = json!("second");
+    second["metadata"]["uid"] = json!("3b1f0c9e-0000-4000-8000-000000000002");
+    let (_, outcome) = hub
+        .admit_with(Operation::Create, None, &second, None)
+        .unwrap();
+    let [Op::Put { key, value }] = outcome.also.as_slice() else {
+        panic!("expected the snapshot alone, got {:?}", outcome.also);
+    };
+    assert_eq!(key.resource, trainhub::admission::RUNTIME_SNAPSHOTS);
+    assert_eq!(value["runtimeVersion"], version_name.as_str());
 }
