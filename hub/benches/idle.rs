@@ -4,8 +4,10 @@
 //! compiles the built-in plugins, and a restart, which maps them from the
 //! compilation cache (what a hub does on every later start).
 //!
-//! `cargo bench -p trainhub --bench idle -- [--settle SECONDS]` (default 15:
-//! long enough for the allocator to return what start-up freed).
+//! `cargo bench -p trainhub --bench idle -- [--settle SECONDS] [--binary PATH]`
+//! (settle default 15 s: long enough for the allocator to return what
+//! start-up freed; `--binary` measures another build's `trainhub`, for side
+//! by side comparisons).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -40,12 +42,24 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The `trainhub` binary measured: `--binary PATH`, else this build's.
+fn binary() -> std::path::PathBuf {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--binary")
+        .and_then(|i| args.get(i + 1))
+        .map_or_else(
+            || env!("CARGO_BIN_EXE_trainhub").into(),
+            std::path::PathBuf::from,
+        )
+}
+
 /// `trainhub dev --spokes 0` on free ports, ready (its kubeconfig written).
 fn start_hub(dir: &Path) -> Child {
     let data = dir.join("data");
     let _ = std::fs::remove_file(data.join("kubeconfig"));
     let log = std::fs::File::create(dir.join("hub.log")).expect("log file");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_trainhub"))
+    let mut child = Command::new(binary())
         .args(["dev", "--spokes", "0", "--api-port", "0", "--data-dir"])
         .arg(&data)
         .env_remove("TRAINHUB_PLUGIN_CACHE_DIR")
@@ -122,9 +136,7 @@ fn kind(maps: &[Mapping], i: usize) -> &'static str {
         return "main thread stack";
     }
     if name.starts_with('/') {
-        return if Path::new(name).file_name()
-            == Path::new(env!("CARGO_BIN_EXE_trainhub")).file_name()
-        {
+        return if Path::new(name).file_name() == binary().file_name() {
             "the trainhub binary (code, data, embedded plugins)"
         } else {
             "shared libraries and other files"

@@ -3,7 +3,8 @@
 //! plugin, built from `plugins/` by the hub's build script and embedded in
 //! the binary; their logic is also linked natively, for benchmarks.
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use crate::plugins::pipeline::{NativePlugin, PhasePlugin};
 use crate::plugins::{Host, Limits, PluginError};
@@ -14,8 +15,35 @@ include!(concat!(env!("OUT_DIR"), "/builtin_components.rs"));
 /// example `acme` plugin and the test plugins).
 pub const WASM_DIR: &str = env!("TRAINHUB_WASM_DIR");
 
-/// Loads every built-in component into `host` with default settings and limits.
+/// How the binary compiles the built-in components into a cache
+/// directory in a process of its own (see [`set_compile_apart`]).
+pub type CompileApart = fn(&Path) -> Result<(), String>;
+
+static COMPILE_APART: OnceLock<CompileApart> = OnceLock::new();
+
+/// Sets how the built-ins are compiled apart (once; later calls are
+/// ignored): the `trainhub` binary runs itself as a child that compiles
+/// them into the cache and exits. The compiler's threads and what they
+/// leave allocated then die with the child, and the hub maps the machine
+/// code from the cache as every later start does; its first start holds
+/// what a restart holds.
+pub fn set_compile_apart(compile: CompileApart) {
+    let _ = COMPILE_APART.set(compile);
+}
+
+/// Loads every built-in component into `host` with default settings and
+/// limits. With a compilation cache and a [`set_compile_apart`] hook, the
+/// components not cached yet are compiled apart first; if that fails they
+/// are compiled here.
 pub fn load(host: &Host) -> Result<Vec<Arc<dyn PhasePlugin>>, PluginError> {
+    if let (Some(compile), Some(dir)) = (COMPILE_APART.get(), host.cache_dir())
+        && BUILTIN_COMPONENTS
+            .iter()
+            .any(|(_, digest, _)| !host.is_cached(*digest))
+        && let Err(e) = compile(dir)
+    {
+        tracing::warn!(error = %e, "compiling the built-in plugins in a child process failed; compiling them here");
+    }
     BUILTIN_COMPONENTS
         .iter()
         .map(|(name, digest, wasm)| {

@@ -37,20 +37,10 @@ pub fn release_freed() {
 /// data).
 #[allow(unsafe_code)]
 pub fn release_static(bytes: &'static [u8]) {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let Ok(page) = usize::try_from(page) else {
+    let Some((start, len)) = whole_pages(bytes.as_ptr_range()) else {
         return;
     };
-    if page == 0 {
-        return;
-    }
-    let start = (bytes.as_ptr() as usize).next_multiple_of(page);
-    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
-    if end <= start {
-        return;
-    }
-    // SAFETY: [start, end) holds whole pages of `bytes` only, which are
+    // SAFETY: the range holds whole pages of `bytes` only, which are
     // immutable `'static` data of the executable's read-only segment (no
     // relocations, never written), mapped privately from the file.
     // MADV_DONTNEED on such pages discards this process's copy of the page
@@ -58,7 +48,40 @@ pub fn release_static(bytes: &'static [u8]) {
     // the file. No Rust reference observes a change. A failure (EINVAL on an
     // unusual mapping) leaves the pages as they were, which is harmless.
     unsafe {
-        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        libc::madvise(start, len, libc::MADV_DONTNEED);
+    }
+}
+
+/// The whole pages inside `range` (start and length), if any: partial
+/// pages at either end may hold other data.
+#[allow(unsafe_code)]
+fn whole_pages(range: std::ops::Range<*const u8>) -> Option<(*mut libc::c_void, usize)> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let page = usize::try_from(page).ok().filter(|p| *p > 0)?;
+    let start = (range.start as usize).next_multiple_of(page);
+    let end = range.end as usize / page * page;
+    (end > start).then_some((start as *mut libc::c_void, end - start))
+}
+
+/// Asks the kernel to reclaim the whole pages of `range` now (Linux's
+/// `MADV_PAGEOUT`): for clean pages mapped from a file, such as compiled
+/// plugin code mapped from the compilation cache, they leave the resident
+/// set and are read back from the page cache when touched. Unlike
+/// `MADV_DONTNEED` it never discards data (a page that was written is
+/// swapped out or left alone), so it is safe on any mapping. Kernels
+/// without it (before 5.4) refuse it, which leaves the pages resident.
+#[allow(unsafe_code)]
+pub fn page_out(range: std::ops::Range<*const u8>) {
+    let Some((start, len)) = whole_pages(range) else {
+        return;
+    };
+    // SAFETY: MADV_PAGEOUT is advice: it changes which pages are resident,
+    // never their contents (dirty private pages are swapped or kept), so no
+    // memory that Rust code may read changes. An invalid range is refused
+    // with an error, which is ignored.
+    unsafe {
+        libc::madvise(start, len, libc::MADV_PAGEOUT);
     }
 }
 
@@ -92,6 +115,14 @@ mod tests {
         assert_eq!(sum(bytes), 7 * 3 * 65536);
         release_static(bytes);
         assert_eq!(sum(bytes), 7 * 3 * 65536);
+    }
+
+    #[test]
+    fn paged_out_pages_read_back_unchanged() {
+        let data: Vec<u8> = (0..4 * 65536).map(|i| (i % 251) as u8).collect();
+        let before: u64 = data.iter().map(|&x| u64::from(x)).sum();
+        page_out(data.as_ptr_range());
+        assert_eq!(data.iter().map(|&x| u64::from(x)).sum::<u64>(), before);
     }
 
     #[test]

@@ -59,6 +59,13 @@ enum Command {
     /// The embedded default: a hub on 127.0.0.1 with its own CA, an admin
     /// token and a kubeconfig, and local spokes.
     Dev(DevArgs),
+    /// Compiles the built-in plugins into a compilation cache and exits (a
+    /// hub's first start runs it as a child: see `builtin::set_compile_apart`).
+    #[command(hide = true)]
+    CompileBuiltinPlugins {
+        #[arg(long)]
+        cache_dir: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -108,6 +115,10 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     trainhub::memory::set_allocator_release(purge_jemalloc);
+    if let Command::CompileBuiltinPlugins { cache_dir } = &cli.command {
+        return compile_builtins(cache_dir);
+    }
+    trainhub::builtin::set_compile_apart(compile_builtins_apart);
     let mut telemetry = trainhub::logging::init(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -122,6 +133,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Dev(args) => trainhub::dev::run(args, shutdown_signal()).await,
+            // Handled before the runtime starts.
+            Command::CompileBuiltinPlugins { .. } => Ok(()),
             Command::Serve(args) => {
                 let replication = args.storage.replication()?;
                 let trainer_status = args.trainer_status.config(args.client_ca_file.as_ref())?;
@@ -164,6 +177,44 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `trainhub compile-builtin-plugins`: the built-ins compiled into
+/// `cache_dir`.
+fn compile_builtins(cache_dir: &std::path::Path) -> ExitCode {
+    let compiled = trainhub::plugins::Host::new(&trainhub::plugins::HostConfig {
+        cache_dir: Some(cache_dir.to_path_buf()),
+        ..trainhub::plugins::HostConfig::default()
+    })
+    .and_then(|host| trainhub::builtin::load(&host));
+    match compiled {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: compiling the built-in plugins: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs this binary as `compile-builtin-plugins` and waits for it.
+fn compile_builtins_apart(cache_dir: &std::path::Path) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
+    let status = std::process::Command::new(&exe)
+        .arg("compile-builtin-plugins")
+        .arg("--cache-dir")
+        .arg(cache_dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("running {}: {e}", exe.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} compile-builtin-plugins: {status}",
+            exe.display()
+        ))
     }
 }
 

@@ -387,25 +387,48 @@ impl Host {
         &self.engine
     }
 
-    /// The component of `wasm` (whose sha256 is `digest`): mapped from its
-    /// cache file when there is one, else compiled, written to the cache
-    /// (atomically: a crash leaves no partial file under the final name)
-    /// and mapped from there. Without a cache directory, or when the cache
-    /// cannot be written, the compiled code stays in memory.
-    fn compile(&self, digest: [u8; 32], wasm: &[u8]) -> Result<Component, String> {
-        let Some(dir) = &self.cache_dir else {
-            return Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}"));
-        };
+    /// The compilation cache's directory, if the host has one.
+    pub fn cache_dir(&self) -> Option<&std::path::Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// Whether the machine code of the component whose sha256 is `digest`
+    /// is in the compilation cache, for this engine.
+    pub fn is_cached(&self, digest: [u8; 32]) -> bool {
+        self.cache_file(digest).is_some_and(|f| f.exists())
+    }
+
+    /// The cache file of `digest`: named by the component's digest and the
+    /// engine's compatibility hash (another wasmtime or other compilation
+    /// settings use other files).
+    fn cache_file(&self, digest: [u8; 32]) -> Option<PathBuf> {
+        let dir = self.cache_dir.as_ref()?;
         let engine_hash = {
             use std::hash::{Hash as _, Hasher as _};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             self.engine.precompile_compatibility_hash().hash(&mut h);
             h.finish()
         };
-        let file = dir.join(format!("{}-{engine_hash:016x}.cwasm", hex::encode(digest)));
+        Some(dir.join(format!("{}-{engine_hash:016x}.cwasm", hex::encode(digest))))
+    }
+
+    /// The component of `wasm` (whose sha256 is `digest`): mapped from its
+    /// cache file when there is one, else compiled, written to the cache
+    /// (atomically: a crash leaves no partial file under the final name)
+    /// and mapped from there. Without a cache directory, or when the cache
+    /// cannot be written, the compiled code stays in memory.
+    fn compile(&self, digest: [u8; 32], wasm: &[u8]) -> Result<Component, String> {
+        let (Some(dir), Some(file)) = (&self.cache_dir, self.cache_file(digest)) else {
+            return Component::new(&self.engine, wasm).map_err(|e| format!("{e:#}"));
+        };
         if file.exists() {
             match map_compiled(&self.engine, &file) {
-                Ok(component) => return Ok(component),
+                Ok(component) => {
+                    // Loading read the whole image; calls bring back the
+                    // pages they run.
+                    crate::memory::page_out(component.image_range());
+                    return Ok(component);
+                }
                 // Unreadable or from another build: compiled again below.
                 Err(e) => {
                     tracing::warn!(file = %file.display(), error = %format!("{e:#}"), "compiled plugin cache entry unusable; compiling again")
@@ -425,7 +448,10 @@ impl Host {
             })
             .and_then(|()| map_compiled(&self.engine, &file).map_err(|e| format!("{e:#}")));
         match written {
-            Ok(mapped) => Ok(mapped),
+            Ok(mapped) => {
+                crate::memory::page_out(mapped.image_range());
+                Ok(mapped)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "compiled plugin not cached; keeping its code in memory");
                 Ok(component)

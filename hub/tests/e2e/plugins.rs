@@ -421,3 +421,79 @@ async fn oci_plugins_are_pulled_by_digest_and_checked_against_the_trust_policy()
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `trainhub compile-builtin-plugins`, which a hub's first start runs as a
+/// child so that the compiler's memory is not the hub's: it fills the
+/// compilation cache with every built-in not cached yet, one file per
+/// digest, and leaves those already there untouched.
+#[test]
+fn the_builtins_are_compiled_into_the_cache_by_a_child_process() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let cache = dir.path().join("plugin-cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    // What the other tests compiled already, but one, to keep this quick.
+    let mut copied = Vec::new();
+    for entry in std::fs::read_dir(crate::common::plugin_cache())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        std::fs::copy(entry.path(), cache.join(entry.file_name())).unwrap();
+        copied.push(entry.file_name());
+    }
+    let is_builtin = |name: &std::ffi::OsString| {
+        trainhub::builtin::BUILTIN_COMPONENTS
+            .iter()
+            .any(|(_, digest, _)| {
+                name.to_string_lossy()
+                    .starts_with(&format!("{}-", hex::encode(digest)))
+            })
+    };
+    let removed = copied.iter().position(is_builtin).map(|i| copied.remove(i));
+    if let Some(name) = &removed {
+        std::fs::remove_file(cache.join(name)).unwrap();
+    }
+    let kept: Vec<(std::ffi::OsString, std::time::SystemTime)> = copied
+        .iter()
+        .map(|n| {
+            (
+                n.clone(),
+                cache.join(n).metadata().unwrap().modified().unwrap(),
+            )
+        })
+        .collect();
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trainhub"))
+        .args(["compile-builtin-plugins", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for (name, digest, _) in trainhub::builtin::BUILTIN_COMPONENTS {
+        let prefix = format!("{}-", hex::encode(digest));
+        assert!(
+            files
+                .iter()
+                .any(|f| f.starts_with(&prefix) && f.ends_with(".cwasm")),
+            "{name} is not in the cache: {files:?}"
+        );
+    }
+    if let Some(name) = removed {
+        assert!(cache.join(&name).exists(), "{name:?} compiled again");
+    }
+    for (name, modified) in kept {
+        assert_eq!(
+            cache.join(&name).metadata().unwrap().modified().unwrap(),
+            modified,
+            "{name:?} was cached and is rewritten"
+        );
+    }
+}
