@@ -82,6 +82,8 @@ pub struct DevArgs {
     pub election: crate::leader::ElectionArgs,
     #[command(flatten)]
     pub plugin_sources: crate::plugins::sources::SourceArgs,
+    #[command(flatten)]
+    pub dashboard: crate::dashboard::DashboardArgs,
 }
 
 const ADMIN_USER: &str = "admin";
@@ -222,6 +224,7 @@ pub async fn run(
             api_limits: args.api_limits.clone(),
             // The local spokes' pods reach the API where it listens.
             plugin_sources: args.plugin_sources.clone(),
+            dashboard: args.dashboard.clone(),
             trainer_status: Some(hub::TrainerStatusConfig {
                 url: None,
                 ca_file: pki.cert_path("ca"),
@@ -373,6 +376,10 @@ pub async fn run(
                 println!(
                     "trainhub dev is ready: export KUBECONFIG={}",
                     kubeconfig.display()
+                );
+                println!(
+                    "dashboard: https://{addr}/dashboard/ (log in with the admin token, the first field of {})",
+                    dir.join("tokens.csv").display()
                 );
             }
         },

@@ -65,6 +65,8 @@ pub struct Config {
     pub trainer_status: Option<TrainerStatusConfig>,
     /// Registries and the trust policy of TrainerPlugin modules.
     pub plugin_sources: crate::plugins::sources::SourceArgs,
+    /// The web dashboard's settings (it is served under `/dashboard/`).
+    pub dashboard: crate::dashboard::DashboardArgs,
 }
 
 /// How the trainer's pods reach this hub's API to post `trainerStatus`.
@@ -426,14 +428,19 @@ impl Hub {
                 store.clone(),
             ));
         }
+        let dashboard =
+            crate::dashboard::Dashboard::new(store.clone(), status_key.clone(), &config.dashboard);
+        public = public.merge(dashboard.routes());
         builder = builder.routes(public, authenticated);
         for def in api::resources()? {
             builder = builder.resource(def);
         }
+        let server = builder.build();
+        dashboard.attach(&server);
         Ok(Hub {
             store,
             plugins,
-            server: builder.build(),
+            server,
             dispatch,
             logs: log_source,
             admission,

@@ -13,6 +13,7 @@ pub mod api_limits;
 pub mod builtin;
 pub mod controller;
 pub mod ctl;
+pub mod dashboard;
 pub mod dev;
 pub mod dispatch;
 pub mod grpc;

@@ -134,6 +134,18 @@ impl SigningKey {
         })
     }
 
+    /// HMAC-SHA256 of `data` for `purpose` with this key (another use of
+    /// the same shared key: the purpose keeps the MACs of each use apart);
+    /// `None` while the key is not in the store.
+    pub fn mac(&self, purpose: &str, data: &[u8]) -> Option<Vec<u8>> {
+        let key = self.load()?;
+        let mut context = hmac::Context::with_key(key);
+        context.update(purpose.as_bytes());
+        context.update(&[0]);
+        context.update(data);
+        Some(context.sign().as_ref().to_vec())
+    }
+
     /// The token of the TrainJob `namespace/name` with `uid`; `None` while
     /// the key is not in the store.
     pub fn token(&self, namespace: &str, name: &str, uid: &str) -> Option<String> {

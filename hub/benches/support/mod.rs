@@ -91,6 +91,7 @@ pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
         api_limits: Default::default(),
         trainer_status: None,
         plugin_sources: Default::default(),
+        dashboard: Default::default(),
     }
 }
 

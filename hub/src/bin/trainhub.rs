@@ -110,6 +110,8 @@ struct ServeArgs {
     trainer_status: trainhub::hub::TrainerStatusArgs,
     #[command(flatten)]
     plugin_sources: trainhub::plugins::sources::SourceArgs,
+    #[command(flatten)]
+    dashboard: trainhub::dashboard::DashboardArgs,
 }
 
 fn main() -> ExitCode {
@@ -155,6 +157,7 @@ fn main() -> ExitCode {
                         api_limits: args.api_limits,
                         trainer_status,
                         plugin_sources: args.plugin_sources,
+                        dashboard: args.dashboard,
                     },
                     replication,
                 )

@@ -336,6 +336,43 @@ impl Server {
         &self.resources
     }
 
+    /// The caller of a request the embedder serves itself (a web page), as
+    /// the API would authenticate it: the `Authorization` header's bearer
+    /// token or the client certificate in `extensions`.
+    ///
+    /// # Errors
+    ///
+    /// The API's 401 when no credential identifies the caller.
+    #[allow(clippy::result_large_err)]
+    pub fn authenticate(
+        &self,
+        headers: &axum::http::HeaderMap,
+        extensions: &axum::http::Extensions,
+    ) -> Result<auth::UserInfo, crate::status::ApiError> {
+        request::authenticate(self, headers, extensions)
+    }
+
+    /// Whether the API's authorizer allows `user` to do what `attributes`
+    /// describe, without logging a refusal (for what a page offers).
+    pub fn allows(&self, user: &auth::UserInfo, attributes: &auth::Attributes<'_>) -> bool {
+        self.authorizer.authorize(user, attributes).is_ok()
+    }
+
+    /// Whether `user` may do what `attributes` describe, decided by the
+    /// API's authorizer.
+    ///
+    /// # Errors
+    ///
+    /// The 403 the API would answer (the reason is logged).
+    #[allow(clippy::result_large_err)]
+    pub fn authorize(
+        &self,
+        user: &auth::UserInfo,
+        attributes: &auth::Attributes<'_>,
+    ) -> Result<(), crate::status::ApiError> {
+        auth::authorize(self.authorizer.as_ref(), user, attributes)
+    }
+
     /// Ends every open watch stream, as an API server restart or a load
     /// balancer dropping connections would; clients must re-watch from their
     /// last resourceVersion.

@@ -228,7 +228,7 @@ pub(crate) async fn authenticated(
 }
 
 /// The caller, as the authenticator established.
-fn authenticate(
+pub(super) fn authenticate(
     server: &Server,
     headers: &HeaderMap,
     extensions: &axum::http::Extensions,
