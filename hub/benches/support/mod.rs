@@ -9,7 +9,8 @@ use trainhub::hub::Config;
 use trainhub_apiserver::kubeconfig::{Kubeconfig, KubeconfigParams};
 use trainhub_apiserver::pki::{Ca, PemDir};
 
-const TOKEN: &str = "bench-token-0123456789";
+/// The admin's bearer token.
+pub const TOKEN: &str = "bench-token-0123456789";
 
 /// A CA with the hub's serving certificate in `dir/pki`, and an admin
 /// token in `dir/tokens.csv`.

@@ -5,6 +5,7 @@
 
 mod charts;
 mod common;
+mod dashboard;
 mod dispatch;
 mod faults;
 mod ha;

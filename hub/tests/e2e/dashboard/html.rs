@@ -1,0 +1,409 @@
+//! The dashboard's pages over real HTTPS against `trainhub dev` (no
+//! spokes: the TrainJobs stay Pending, so filters and pages are stable):
+//! login, security headers, CSRF, a tenant refused another namespace
+//! without a trace of its data, filters and paging, escaping, the live
+//! table's events.
+
+use std::time::Duration;
+
+use http_body_util::BodyExt as _;
+
+use super::{ADMIN, ALICE, Http, csrf_of, tenants, trainjob_yaml};
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() {
+    let hub = tenants("0");
+    let http = Http::new(&hub);
+
+    // Five TrainJobs of alice's team-a (two labelled tier=gold), one of
+    // team-b that alice must never see, one with a hostile annotation.
+    let mut yaml = String::new();
+    for i in 0..5 {
+        let labels: &[(&str, &str)] = if i < 2 { &[("tier", "gold")] } else { &[] };
+        yaml.push_str(&trainjob_yaml(
+            "team-a",
+            &format!("a-{i}"),
+            labels,
+            "print(1)",
+        ));
+        yaml.push_str("---\n");
+    }
+    yaml.push_str(&trainjob_yaml(
+        "team-b",
+        "secret-b",
+        &[("tier", "hidden-b-label")],
+        "print(1)",
+    ));
+    yaml.push_str("---\n");
+    let hostile = trainjob_yaml("team-a", "hostile", &[], "print(1)").replacen(
+        "  namespace: team-a\n",
+        "  namespace: team-a\n  annotations:\n    trainhub.kubeflow.org/trace-id: \"<script>alert(1)</script>\"\n",
+        1,
+    );
+    yaml.push_str(&hostile);
+    hub.kubectl_stdin(&["apply", "-f", "-"], Some(&yaml));
+    let out = hub.kubectl_ok(&["get", "trainjobs", "-A", "-o", "name"]);
+    assert_eq!(out.lines().count(), 7, "{out}");
+    let secret_uid = hub.kubectl_ok(&[
+        "get",
+        "trainjob",
+        "secret-b",
+        "-n",
+        "team-b",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+
+    // Not logged in: the login form, with the security headers.
+    let answer = http.get("/dashboard/trainjobs", "").await;
+    assert_eq!(answer.status, 303);
+    assert_eq!(answer.header("location"), "/dashboard/login");
+    assert_eq!(answer.header("content-security-policy"), CSP);
+    let login = http.get("/dashboard/login", "").await;
+    assert_eq!(login.status, 200);
+    assert_eq!(login.header("content-security-policy"), CSP);
+    assert_eq!(login.header("x-content-type-options"), "nosniff");
+    assert_eq!(login.header("referrer-policy"), "no-referrer");
+    assert!(!login.body.contains("<script>"), "no inline script");
+    assert!(!login.body.contains("style="), "no inline style");
+
+    // A wrong token is refused; a right one gets the session cookie.
+    let wrong = http
+        .request(
+            "POST",
+            "/dashboard/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            "token=not-a-token",
+        )
+        .await;
+    assert_eq!(wrong.status, 401);
+    assert!(
+        wrong.body.contains("does not accept this token"),
+        "{}",
+        wrong.body
+    );
+    assert!(wrong.header("set-cookie").is_empty());
+    let answer = http
+        .request(
+            "POST",
+            "/dashboard/login",
+            &[("content-type", "application/x-www-form-urlencoded")],
+            &format!("token={ALICE}"),
+        )
+        .await;
+    assert_eq!(answer.status, 303);
+    let set_cookie = answer.header("set-cookie");
+    for attribute in ["HttpOnly", "Secure", "SameSite=Strict", "Path=/dashboard"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+    assert!(
+        !set_cookie.contains(ALICE),
+        "the token is not stored in clear: {set_cookie}"
+    );
+    let alice = set_cookie.split(';').next().unwrap().to_string();
+
+    // alice's table: her namespace only.
+    let page = http.get("/dashboard/trainjobs", &alice).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("tj/team-a/a-0"), "{}", page.body);
+    assert!(page.body.contains("6 TrainJobs"), "{}", page.body);
+    assert!(!page.body.contains("secret-b"), "{}", page.body);
+
+    // Another namespace: the API's 403, nothing of its objects.
+    for path in [
+        "/dashboard/trainjobs?namespace=team-b",
+        "/dashboard/trainjobs/team-b/secret-b",
+        "/dashboard/trainjobs/team-b/secret-b/delete",
+    ] {
+        let refused = http.get(path, &alice).await;
+        assert_eq!(refused.status, 403, "{path}: {}", refused.body);
+        assert!(
+            refused.body.contains("User &quot;alice&quot; cannot")
+                || refused.body.contains("User \"alice\" cannot"),
+            "{path}: {}",
+            refused.body
+        );
+        assert!(refused.body.contains("team-b"), "{}", refused.body);
+        assert!(
+            !refused.body.contains(&secret_uid),
+            "{path}: {}",
+            refused.body
+        );
+        assert!(
+            !refused.body.contains("hidden-b-label"),
+            "{path}: {}",
+            refused.body
+        );
+        assert_eq!(refused.header("content-security-policy"), CSP);
+    }
+    // The admin sees both.
+    let admin = http.login(ADMIN).await;
+    let page = http.get("/dashboard/trainjobs", &admin).await;
+    assert!(page.body.contains("7 TrainJobs"), "{}", page.body);
+    assert!(page.body.contains("tj/team-b/secret-b"), "{}", page.body);
+
+    // Filters and paging, on the server.
+    let page = http
+        .get(
+            "/dashboard/trainjobs?prefix=a-&size=2&sort=name&order=asc",
+            &alice,
+        )
+        .await;
+    assert!(
+        page.body.contains("5 TrainJobs · page 1 of 3"),
+        "{}",
+        page.body
+    );
+    assert!(page.body.contains("tj/team-a/a-0") && page.body.contains("tj/team-a/a-1"));
+    assert!(!page.body.contains("tj/team-a/a-2"), "{}", page.body);
+    assert!(page.body.contains("rel=\"next\""), "{}", page.body);
+    let last = http
+        .get(
+            "/dashboard/trainjobs?prefix=a-&size=2&sort=name&order=asc&page=3",
+            &alice,
+        )
+        .await;
+    assert!(last.body.contains("tj/team-a/a-4"), "{}", last.body);
+    assert!(!last.body.contains("tj/team-a/a-3") && !last.body.contains("rel=\"next\""));
+    let gold = http
+        .get("/dashboard/trainjobs?label=tier%3Dgold", &alice)
+        .await;
+    assert!(gold.body.contains("2 TrainJobs"), "{}", gold.body);
+    let pending = http
+        .get(
+            "/dashboard/trainjobs?state=Pending&namespace=team-a",
+            &alice,
+        )
+        .await;
+    assert!(pending.body.contains("6 TrainJobs"), "{}", pending.body);
+    let complete = http
+        .get("/dashboard/trainjobs?state=Complete", &alice)
+        .await;
+    assert!(complete.body.contains("0 TrainJobs"), "{}", complete.body);
+    // Bad and oversized input: a 400 naming the parameter.
+    for (query, says) in [
+        ("state=Sleeping", "state:"),
+        ("size=100000", "size:"),
+        ("page=0", "page:"),
+        ("colour=red", "colour"),
+    ] {
+        let bad = http
+            .get(&format!("/dashboard/trainjobs?{query}"), &alice)
+            .await;
+        assert_eq!(bad.status, 400, "{query}");
+        assert!(bad.body.contains(says), "{query}: {}", bad.body);
+    }
+    let long = http
+        .get(
+            &format!("/dashboard/trainjobs?prefix={}", "a".repeat(3000)),
+            &alice,
+        )
+        .await;
+    assert_eq!(long.status, 400);
+
+    // Escaping: a filter value echoed, a hostile annotation shown.
+    let page = http
+        .get(
+            "/dashboard/trainjobs?prefix=%3Cscript%3Ex%3C%2Fscript%3E",
+            &alice,
+        )
+        .await;
+    assert_eq!(page.status, 200);
+    assert!(!page.body.contains("<script>x"), "{}", page.body);
+    assert!(
+        page.body.contains("&lt;script&gt;x&lt;/script&gt;"),
+        "{}",
+        page.body
+    );
+    let detail = http
+        .get("/dashboard/trainjobs/team-a/hostile", &alice)
+        .await;
+    assert_eq!(detail.status, 200, "{}", detail.body);
+    assert!(!detail.body.contains("<script>alert"), "{}", detail.body);
+    assert!(
+        detail
+            .body
+            .contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{}",
+        detail.body
+    );
+
+    // Actions need the session's CSRF token and this origin.
+    let detail = http.get("/dashboard/trainjobs/team-a/a-0", &alice).await;
+    let csrf = csrf_of(&detail.body);
+    let suspended = || {
+        hub.kubectl_ok(&[
+            "get",
+            "trainjob",
+            "a-0",
+            "-n",
+            "team-a",
+            "-o",
+            "jsonpath={.spec.suspend}",
+        ])
+    };
+    let form = "application/x-www-form-urlencoded";
+    let origin = format!("https://127.0.0.1:{}", hub.port);
+    let forged = [
+        (
+            "no token",
+            vec![
+                ("cookie", alice.as_str()),
+                ("content-type", form),
+                ("origin", origin.as_str()),
+            ],
+            String::new(),
+        ),
+        (
+            "wrong token",
+            vec![
+                ("cookie", alice.as_str()),
+                ("content-type", form),
+                ("origin", origin.as_str()),
+            ],
+            "csrf=00".to_string(),
+        ),
+        (
+            "another origin",
+            vec![
+                ("cookie", alice.as_str()),
+                ("content-type", form),
+                ("origin", "https://evil.example"),
+            ],
+            format!("csrf={csrf}"),
+        ),
+        (
+            "admin's token with alice's cookie",
+            vec![
+                ("cookie", alice.as_str()),
+                ("content-type", form),
+                ("origin", origin.as_str()),
+            ],
+            format!(
+                "csrf={}",
+                csrf_of(&http.get("/dashboard/", &admin).await.body)
+            ),
+        ),
+    ];
+    for (what, headers, body) in &forged {
+        let answer = http
+            .request(
+                "POST",
+                "/dashboard/trainjobs/team-a/a-0/suspend",
+                headers,
+                body,
+            )
+            .await;
+        assert_eq!(answer.status, 403, "{what}: {}", answer.body);
+    }
+    assert_ne!(suspended(), "true", "a forged action changed nothing");
+    let answer = http
+        .request(
+            "POST",
+            "/dashboard/trainjobs/team-a/a-0/suspend",
+            &[
+                ("cookie", &alice),
+                ("content-type", form),
+                ("origin", &origin),
+            ],
+            &format!("csrf={csrf}"),
+        )
+        .await;
+    assert_eq!(answer.status, 303, "{}", answer.body);
+    assert_eq!(answer.header("location"), "/dashboard/trainjobs/team-a/a-0");
+    assert_eq!(suspended(), "true");
+    let page = http.get("/dashboard/trainjobs/team-a/a-0", &alice).await;
+    assert!(page.body.contains("id=\"resume\""), "{}", page.body);
+    // alice's valid token does not reach team-b: the API's 403.
+    let answer = http
+        .request(
+            "POST",
+            "/dashboard/trainjobs/team-b/secret-b/delete",
+            &[
+                ("cookie", &alice),
+                ("content-type", form),
+                ("origin", &origin),
+            ],
+            &format!("csrf={csrf}"),
+        )
+        .await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    hub.kubectl_ok(&["get", "trainjob", "secret-b", "-n", "team-b"]);
+    // Nor may she cordon a spoke.
+    let answer = http
+        .request(
+            "POST",
+            "/dashboard/spokes/spoke-1/cordon",
+            &[
+                ("cookie", &alice),
+                ("content-type", form),
+                ("origin", &origin),
+            ],
+            &format!("csrf={csrf}"),
+        )
+        .await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+
+    // The live table: alice gets a row event for a new TrainJob of
+    // team-a, none for team-b's.
+    let response = http
+        .send(
+            "GET",
+            "/dashboard/trainjobs/live",
+            &[("cookie", &alice)],
+            "",
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut body = response.into_body();
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "{}---\n{}",
+            trainjob_yaml("team-b", "live-b", &[], "print(1)"),
+            trainjob_yaml("team-a", "live-a", &[], "print(1)")
+        )),
+    );
+    let mut seen = String::new();
+    let text = tokio::time::timeout(Duration::from_secs(60), async {
+        while !seen.contains("tj/team-a/live-a") {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        seen.push_str(&String::from_utf8_lossy(data));
+                    }
+                }
+                _ => break,
+            }
+        }
+        seen
+    })
+    .await
+    .expect("a row event for live-a within 60 s");
+    assert!(text.contains("event: row"), "{text}");
+    assert!(text.contains("\"state\":\"Pending\""), "{text}");
+    assert!(!text.contains("live-b"), "{text}");
+
+    // The overview counts alice's TrainJobs only.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let overview = http.get("/dashboard/", &alice).await;
+        assert_eq!(overview.status, 200);
+        assert!(!overview.body.contains("secret-b"), "{}", overview.body);
+        if overview.body.contains("<strong>7</strong> in all") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the overview never counted alice's 7 TrainJobs: {}",
+            overview.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
