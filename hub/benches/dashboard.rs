@@ -62,8 +62,10 @@ fn trainjob(i: usize) -> serde_json::Value {
         "status": {"conditions": []},
     });
     if i % 2 == 0 {
-        job["metadata"]["annotations"]["trainhub.kubeflow.org/spoke"] = json!(format!("spoke-{}", i % 8));
-        job["status"]["trainerStatus"] = json!({"progressPercentage": i % 100, "estimatedRemainingSeconds": 600});
+        job["metadata"]["annotations"]["trainhub.kubeflow.org/spoke"] =
+            json!(format!("spoke-{}", i % 8));
+        job["status"]["trainerStatus"] =
+            json!({"progressPercentage": i % 100, "estimatedRemainingSeconds": 600});
     }
     if i % 5 == 0 {
         job["status"]["conditions"] = json!([{"type": "Complete", "status": "True", "reason": "AllJobsCompleted",

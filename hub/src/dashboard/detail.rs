@@ -286,8 +286,13 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
         .unwrap_or_default();
     conditions
         .sort_by(|a, b| str_at(a, "/lastTransitionTime").cmp(str_at(b, "/lastTransitionTime")));
-    let yaml = serde_saphyr::to_string(job).unwrap_or_else(|e| format!("# cannot print: {e}"));
-    html! {
+    // As `kubectl get -o yaml` prints it: without managedFields.
+    let mut shown = job.clone();
+    if let Some(meta) = shown.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    let yaml = serde_saphyr::to_string(&shown).unwrap_or_else(|e| format!("# cannot print: {e}"));
+    let body = html! {
         h1 { "TrainJob " span.name #job-name { (name) } }
         p.meta {
             "Namespace " strong { (namespace) }
@@ -427,7 +432,8 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
             h2 { "YAML" }
             pre.yaml { (yaml) }
         }
-    }
+    };
+    view::layout(&format!("TrainJob {name}"), Some(d.session), body)
 }
 
 /// A pod's log as server-sent events: `line` events, then `end`; with

@@ -378,23 +378,29 @@ fn cookie_token(headers: &HeaderMap) -> Option<String> {
     None
 }
 
-/// A browser's POST must come from this origin. Clients that send no
-/// `Origin` (and no `Sec-Fetch-Site`, so no browser) still need the CSRF
-/// token.
+/// A browser's POST must come from this origin: `Sec-Fetch-Site:
+/// same-origin` where the browser sends it, and an `Origin` naming this
+/// host where it is not `null` (with `Referrer-Policy: no-referrer`,
+/// browsers send `Origin: null` on form posts). Clients that send neither
+/// are no browsers; they still need the CSRF token.
 fn same_origin(headers: &HeaderMap) -> Result<(), &'static str> {
+    const REFUSED: &str = "Refused: the request comes from another origin.";
+    let site = headers.get("sec-fetch-site").map(|v| v.to_str());
+    match site {
+        Some(Ok("same-origin")) | None => {}
+        Some(_) => return Err(REFUSED),
+    }
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     match headers.get(header::ORIGIN).map(|o| o.to_str()) {
+        None => Ok(()),
+        Some(Ok("null")) if site.is_some() => Ok(()),
         Some(Ok(origin)) => match (origin.strip_prefix("https://"), host) {
             (Some(o), Some(h)) if o.eq_ignore_ascii_case(h) => Ok(()),
             // HTTP/2 requests carry the host in the URI, not a Host header.
-            (Some(_), None) => Ok(()),
-            _ => Err("Refused: the request comes from another origin."),
+            (Some(_), None) if site.is_some() => Ok(()),
+            _ => Err(REFUSED),
         },
-        Some(Err(_)) => Err("Refused: the request comes from another origin."),
-        None => match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
-            None | Some("same-origin") => Ok(()),
-            Some(_) => Err("Refused: the request comes from another site."),
-        },
+        Some(Err(_)) => Err(REFUSED),
     }
 }
 
@@ -667,6 +673,13 @@ mod tests {
         assert!(same_origin(&headers).is_err());
         headers.insert(header::ORIGIN, HeaderValue::from_static("http://hub:6443"));
         assert!(same_origin(&headers).is_err());
+        headers.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(
+            same_origin(&headers).is_err(),
+            "null without Sec-Fetch-Site"
+        );
+        headers.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
+        assert!(same_origin(&headers).is_ok());
         headers.remove(header::ORIGIN);
         headers.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(same_origin(&headers).is_err());

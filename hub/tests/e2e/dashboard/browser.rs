@@ -120,7 +120,8 @@ async fn text(client: &Client, css: &str) -> Option<String> {
     client.find(Locator::Css(css)).await.ok()?.text().await.ok()
 }
 
-async fn log_in(client: &Client, base: &str, token: &str) {
+/// Logs in through the form; the user's name once the overview shows it.
+async fn log_in(hub: &DevHub, client: &Client, base: &str, token: &str) -> String {
     client.goto(&format!("{base}/dashboard/")).await.unwrap();
     let field = client
         .find(Locator::Css("#token"))
@@ -134,6 +135,14 @@ async fn log_in(client: &Client, base: &str, token: &str) {
         .click()
         .await
         .unwrap();
+    until(
+        "the logged-in overview",
+        hub,
+        client,
+        Duration::from_secs(30),
+        || async { text(client, "#user").await },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,8 +155,7 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
     let long = Duration::from_secs(120);
 
     // Log in as the admin; the overview shows both local spokes connected.
-    log_in(&client, &base, ADMIN).await;
-    assert_eq!(text(&client, "#user").await.as_deref(), Some("admin"));
+    assert_eq!(log_in(&hub, &client, &base, ADMIN).await, "admin");
     until(
         "both spokes Connected on the overview",
         &hub,
@@ -422,8 +430,7 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
         .click()
         .await
         .unwrap();
-    log_in(&client, &base, ALICE).await;
-    assert_eq!(text(&client, "#user").await.as_deref(), Some("alice"));
+    assert_eq!(log_in(&hub, &client, &base, ALICE).await, "alice");
     client
         .goto(&format!("{base}/dashboard/trainjobs?namespace=default"))
         .await
