@@ -51,7 +51,7 @@ fn trainjob(i: usize) -> serde_json::Value {
             "uid": format!("00000000-0000-0000-0000-{i:012}"),
             "creationTimestamp": format!("2026-01-01T{:02}:{:02}:{:02}Z", (i / 3600) % 24, (i / 60) % 60, i % 60),
             "generation": 1,
-            "labels": {"kueue.x-k8s.io/queue-name": format!("queue-{}", i % 4), "tier": if i % 3 == 0 { "gold" } else { "silver" }},
+            "labels": {"kueue.x-k8s.io/queue-name": format!("queue-{}", i % 4), "tier": if i.is_multiple_of(3) { "gold" } else { "silver" }},
             "annotations": {"trainhub.kubeflow.org/trace-id": format!("{i:032x}")},
         },
         "spec": {
@@ -61,13 +61,13 @@ fn trainjob(i: usize) -> serde_json::Value {
         },
         "status": {"conditions": []},
     });
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         job["metadata"]["annotations"]["trainhub.kubeflow.org/spoke"] =
             json!(format!("spoke-{}", i % 8));
         job["status"]["trainerStatus"] =
             json!({"progressPercentage": i % 100, "estimatedRemainingSeconds": 600});
     }
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         job["status"]["conditions"] = json!([{"type": "Complete", "status": "True", "reason": "AllJobsCompleted",
             "message": "jobset completed successfully", "lastTransitionTime": "2026-01-01T12:00:00Z"}]);
     }

@@ -33,6 +33,7 @@ pub fn pki_and_token(dir: &Path) -> (PemDir, Ca) {
 
 /// A kube-rs client for TrainJobs in `default` of the hub at `api`, through
 /// a kubeconfig written in `dir`.
+#[allow(dead_code)] // used by the benches that create through the API
 pub async fn trainjobs(dir: &Path, api: SocketAddr, ca: &Ca) -> Api<DynamicObject> {
     let kubeconfig = dir.join("kubeconfig");
     Kubeconfig::write(

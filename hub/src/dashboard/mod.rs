@@ -22,6 +22,10 @@
 //!   sizes; event streams read from bounded sources and end when their
 //!   client falls behind.
 
+// A handler's refusal is the page it answers: helpers return it as their
+// error, once per request, as axum handlers return responses.
+#![allow(clippy::result_large_err)]
+
 mod actions;
 mod detail;
 mod overview;
