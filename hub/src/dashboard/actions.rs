@@ -67,35 +67,24 @@ async fn act(
     }
 }
 
-pub(crate) async fn suspend(
+/// `suspend` or `resume`: a merge patch of `spec.suspend`.
+pub(crate) async fn set_suspend(
     State(d): State<Dashboard>,
-    Path((namespace, name)): Path<(String, String)>,
+    Path((namespace, name, action)): Path<(String, String, String)>,
     request: Request,
 ) -> Response {
+    let suspend = match action.as_str() {
+        "suspend" => true,
+        "resume" => false,
+        _ => return super::not_found(State(d), request).await,
+    };
     let then = view::job_href(&namespace, &name);
     act(
         &d,
         request,
         Method::PATCH,
         trainjob_path(&namespace, &name),
-        Some(json!({"spec": {"suspend": true}})),
-        then,
-    )
-    .await
-}
-
-pub(crate) async fn resume(
-    State(d): State<Dashboard>,
-    Path((namespace, name)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    let then = view::job_href(&namespace, &name);
-    act(
-        &d,
-        request,
-        Method::PATCH,
-        trainjob_path(&namespace, &name),
-        Some(json!({"spec": {"suspend": false}})),
+        Some(json!({"spec": {"suspend": suspend}})),
         then,
     )
     .await
@@ -127,8 +116,7 @@ pub(crate) async fn confirm_delete(
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let (parts, _) = request.into_parts();
-    let session = match d.session(&parts) {
+    let (session, _) = match d.page_session(request) {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -165,33 +153,24 @@ fn spoke_path(name: &str) -> String {
     )
 }
 
-pub(crate) async fn cordon(
+/// `cordon` or `uncordon`: a merge patch of `spec.unschedulable`, as
+/// `trainctl spoke cordon` makes.
+pub(crate) async fn set_cordon(
     State(d): State<Dashboard>,
-    Path(name): Path<String>,
+    Path((name, action)): Path<(String, String)>,
     request: Request,
 ) -> Response {
+    let unschedulable = match action.as_str() {
+        "cordon" => true,
+        "uncordon" => false,
+        _ => return super::not_found(State(d), request).await,
+    };
     act(
         &d,
         request,
         Method::PATCH,
         spoke_path(&name),
-        Some(json!({"spec": {"unschedulable": true}})),
-        "/dashboard/".into(),
-    )
-    .await
-}
-
-pub(crate) async fn uncordon(
-    State(d): State<Dashboard>,
-    Path(name): Path<String>,
-    request: Request,
-) -> Response {
-    act(
-        &d,
-        request,
-        Method::PATCH,
-        spoke_path(&name),
-        Some(json!({"spec": {"unschedulable": false}})),
+        Some(json!({"spec": {"unschedulable": unschedulable}})),
         "/dashboard/".into(),
     )
     .await

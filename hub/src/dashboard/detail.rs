@@ -107,8 +107,7 @@ pub(crate) async fn page(
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let (parts, _) = request.into_parts();
-    let session = match d.session(&parts) {
+    let (session, _) = match d.page_session(request) {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -444,8 +443,7 @@ pub(crate) async fn logs(
     Path((namespace, name, pod)): Path<(String, String, String)>,
     request: Request,
 ) -> Response {
-    let (parts, _) = request.into_parts();
-    let session = match d.session(&parts) {
+    let (session, parts) = match d.page_session(request) {
         Ok(s) => s,
         Err(r) => return r,
     };

@@ -188,15 +188,13 @@ impl Dashboard {
                 get(actions::confirm_delete).post(actions::delete),
             )
             .route(
-                "/dashboard/trainjobs/{namespace}/{name}/suspend",
-                post(actions::suspend),
+                "/dashboard/trainjobs/{namespace}/{name}/{action}",
+                post(actions::set_suspend),
             )
             .route(
-                "/dashboard/trainjobs/{namespace}/{name}/resume",
-                post(actions::resume),
+                "/dashboard/spokes/{name}/{action}",
+                post(actions::set_cordon),
             )
-            .route("/dashboard/spokes/{name}/cordon", post(actions::cordon))
-            .route("/dashboard/spokes/{name}/uncordon", post(actions::uncordon))
             .route("/dashboard/plugins", get(plugins::page))
             .route("/dashboard/{*rest}", get(not_found).post(not_found))
             .layer(axum::middleware::from_fn(security_headers))
@@ -261,6 +259,13 @@ impl Dashboard {
             cert,
             csrf,
         })
+    }
+
+    /// The session of a page request, and the request's parts.
+    pub(crate) fn page_session(&self, request: Request) -> Result<(Session, Parts), Response> {
+        let (parts, _) = request.into_parts();
+        let session = self.session(&parts)?;
+        Ok((session, parts))
     }
 
     /// The session of an action: as [`Dashboard::session`], and the form's
@@ -501,7 +506,7 @@ pub(crate) fn api_error_page(session: &Session, e: &ApiError) -> Response {
     error_page(Some(session), status, &e.message)
 }
 
-async fn not_found(State(d): State<Dashboard>, request: Request) -> Response {
+pub(crate) async fn not_found(State(d): State<Dashboard>, request: Request) -> Response {
     let (parts, _) = request.into_parts();
     let session = d.session(&parts).ok();
     error_page(

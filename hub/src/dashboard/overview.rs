@@ -38,8 +38,7 @@ fn cluster_attributes<'a>(
 }
 
 pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Response {
-    let (parts, _) = request.into_parts();
-    let session = match d.session(&parts) {
+    let (session, _) = match d.page_session(request) {
         Ok(s) => s,
         Err(r) => return r,
     };

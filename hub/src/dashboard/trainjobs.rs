@@ -328,26 +328,21 @@ pub(crate) fn select(all: Vec<Arc<Summary>>, filter: &Filter) -> TablePage {
     }
 }
 
+/// The caller, the filter of the query string, and where the caller may
+/// list TrainJobs (within the filter's namespace).
+fn table_request(d: &Dashboard, request: Request) -> Result<(Session, Filter, Scope), Response> {
+    let (session, parts) = d.page_session(request)?;
+    let pairs = query_pairs(&parts, Some(&session))?;
+    let filter = Filter::parse(&pairs)
+        .map_err(|why| error_page(Some(&session), StatusCode::BAD_REQUEST, &why))?;
+    let namespace = Some(filter.namespace.as_str()).filter(|n| !n.is_empty());
+    let scope = scope(d, &session, namespace)?;
+    Ok((session, filter, scope))
+}
+
 pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Response {
-    let (parts, _) = request.into_parts();
-    let session = match d.session(&parts) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let pairs = match query_pairs(&parts, Some(&session)) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let filter = match Filter::parse(&pairs) {
-        Ok(f) => f,
-        Err(why) => return error_page(Some(&session), StatusCode::BAD_REQUEST, &why),
-    };
-    let scope = match scope(
-        &d,
-        &session,
-        Some(filter.namespace.as_str()).filter(|n| !n.is_empty()),
-    ) {
-        Ok(s) => s,
+    let (session, filter, scope) = match table_request(&d, request) {
+        Ok(t) => t,
         Err(r) => return r,
     };
     let all = d.summaries().list(d.store().as_ref(), &scope).await;
@@ -441,25 +436,8 @@ pub(crate) fn render(
 /// the store's bounded broadcast: a client that falls behind gets a
 /// `reload` event and the stream ends.
 pub(crate) async fn live(State(d): State<Dashboard>, request: Request) -> Response {
-    let (parts, _) = request.into_parts();
-    let session = match d.session(&parts) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let pairs = match query_pairs(&parts, Some(&session)) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
-    let filter = match Filter::parse(&pairs) {
-        Ok(f) => f,
-        Err(why) => return error_page(Some(&session), StatusCode::BAD_REQUEST, &why),
-    };
-    let scope = match scope(
-        &d,
-        &session,
-        Some(filter.namespace.as_str()).filter(|n| !n.is_empty()),
-    ) {
-        Ok(s) => s,
+    let (session, filter, scope) = match table_request(&d, request) {
+        Ok(t) => t,
         Err(r) => return r,
     };
     let watch = match d.store().watch(TRAINJOBS, None, None) {

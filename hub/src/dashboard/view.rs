@@ -111,16 +111,18 @@ pub(crate) fn str_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
 }
 
 pub(crate) fn annotation<'a>(object: &'a Value, key: &str) -> &'a str {
-    object
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(key))
-        .and_then(Value::as_str)
-        .unwrap_or("")
+    metadata_entry(object, "annotations", key)
 }
 
 pub(crate) fn label<'a>(object: &'a Value, key: &str) -> &'a str {
+    metadata_entry(object, "labels", key)
+}
+
+/// `metadata.MAP[key]`, or "".
+fn metadata_entry<'a>(object: &'a Value, map: &str, key: &str) -> &'a str {
     object
-        .pointer("/metadata/labels")
+        .get("metadata")
+        .and_then(|m| m.get(map))
         .and_then(|a| a.get(key))
         .and_then(Value::as_str)
         .unwrap_or("")

@@ -18,6 +18,26 @@ pub fn plugin_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-plugin-cache")
 }
 
+/// The tokens [`tenant_files`] writes: the admin's, and alice's, a tenant
+/// granted the namespace `team-a`.
+pub const ADMIN: &str = "admin-token-0123456789abcdef";
+pub const ALICE: &str = "alice-token-0123456789abcdef";
+
+/// Writes a dev hub's `tokens.csv` (the admin first, then alice in group
+/// `team-a`) and a `policy.yaml` granting group `team-a` its namespace.
+pub fn tenant_files(dir: &Path) {
+    std::fs::write(
+        dir.join("tokens.csv"),
+        format!("{ADMIN},admin,admin,\"system:masters\"\n{ALICE},alice,alice-uid,\"team-a\"\n"),
+    )
+    .expect("tokens");
+    std::fs::write(
+        dir.join("policy.yaml"),
+        "namespaces:\n  - namespace: team-a\n    groups: [team-a]\n",
+    )
+    .expect("policy");
+}
+
 pub struct DevHub {
     pub dir: tempfile::TempDir,
     pub port: u16,
@@ -232,6 +252,24 @@ impl DevHub {
             tail(&self.log(), 40)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A TLS client configuration trusting the hub's CA (HTTP/1.1).
+    pub fn tls_client_config(&self) -> std::sync::Arc<rustls::ClientConfig> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(rustls_pki_types::CertificateDer::from(
+                self.ca().cert_der().to_vec(),
+            ))
+            .expect("the dev CA");
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(trainhub_apiserver::tls::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        std::sync::Arc::new(config)
     }
 
     /// A kube-rs client from the hub's kubeconfig.

@@ -115,6 +115,17 @@ where
     }
 }
 
+/// Clicks the element `css`, which must be there.
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap_or_else(|e| panic!("clicking {css}: {e}"));
+}
+
 /// The text of the element `css`, if it is there.
 async fn text(client: &Client, css: &str) -> Option<String> {
     client.find(Locator::Css(css)).await.ok()?.text().await.ok()
@@ -128,13 +139,7 @@ async fn log_in(hub: &DevHub, client: &Client, base: &str, token: &str) -> Strin
         .await
         .expect("the login form");
     field.send_keys(token).await.unwrap();
-    client
-        .find(Locator::Css("section.login button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(client, "section.login button[type=submit]").await;
     until(
         "the logged-in overview",
         hub,
@@ -254,13 +259,7 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
         .select_by_value("Complete")
         .await
         .unwrap();
-    client
-        .find(Locator::Css("#filters button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#filters button[type=submit]").await;
     until("the filtered table", &hub, &client, long, || async {
         let url = client.current_url().await.ok()?;
         (url.query()?.contains("prefix=browser-q")).then_some(())
@@ -338,13 +337,7 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
     .await;
 
     // Suspend, then resume.
-    client
-        .find(Locator::Css("#suspend"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#suspend").await;
     until("Suspended", &hub, &client, long, || async {
         (text(&client, "#job-state").await? == "Suspended").then_some(())
     })
@@ -359,13 +352,7 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
         ]),
         "true"
     );
-    client
-        .find(Locator::Css("#resume"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#resume").await;
     until("resumed", &hub, &client, long, || async {
         let state = text(&client, "#job-state").await?;
         (state != "Suspended").then_some(())
@@ -406,20 +393,8 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
 
     // Delete, after confirming.
     client.goto(&detail).await.unwrap();
-    client
-        .find(Locator::Css("#delete"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    client
-        .find(Locator::Css("#confirm-delete"))
-        .await
-        .expect("the confirmation")
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#delete").await;
+    click(&client, "#confirm-delete").await;
     until("browser-follow deleted", &hub, &client, long, || async {
         let out = hub.kubectl(&["get", "trainjob", "browser-follow"]);
         (!out.status.success()).then_some(())
@@ -427,13 +402,7 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
     .await;
 
     // A tenant: log out, log in as alice, refused the default namespace.
-    client
-        .find(Locator::Css("form.logout button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "form.logout button").await;
     assert_eq!(log_in(&hub, &client, &base, ALICE).await, "alice");
     client
         .goto(&format!("{base}/dashboard/trainjobs?namespace=default"))

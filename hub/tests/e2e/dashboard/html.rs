@@ -71,12 +71,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
 
     // A wrong token is refused; a right one gets the session cookie.
     let wrong = http
-        .request(
-            "POST",
-            "/dashboard/login",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            "token=not-a-token",
-        )
+        .post_form("/dashboard/login", &[], "token=not-a-token")
         .await;
     assert_eq!(wrong.status, 401);
     assert!(
@@ -86,12 +81,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     );
     assert!(wrong.header("set-cookie").is_empty());
     let answer = http
-        .request(
-            "POST",
-            "/dashboard/login",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            &format!("token={ALICE}"),
-        )
+        .post_form("/dashboard/login", &[], &format!("token={ALICE}"))
         .await;
     assert_eq!(answer.status, 303);
     let set_cookie = answer.header("set-cookie");
@@ -244,55 +234,27 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
             "jsonpath={.spec.suspend}",
         ])
     };
-    let form = "application/x-www-form-urlencoded";
     let origin = format!("https://127.0.0.1:{}", hub.port);
+    let admins_csrf = csrf_of(&http.get("/dashboard/", &admin).await.body);
     let forged = [
-        (
-            "no token",
-            vec![
-                ("cookie", alice.as_str()),
-                ("content-type", form),
-                ("origin", origin.as_str()),
-            ],
-            String::new(),
-        ),
-        (
-            "wrong token",
-            vec![
-                ("cookie", alice.as_str()),
-                ("content-type", form),
-                ("origin", origin.as_str()),
-            ],
-            "csrf=00".to_string(),
-        ),
+        ("no token", origin.as_str(), String::new()),
+        ("a wrong token", origin.as_str(), "csrf=00".to_string()),
         (
             "another origin",
-            vec![
-                ("cookie", alice.as_str()),
-                ("content-type", form),
-                ("origin", "https://evil.example"),
-            ],
+            "https://evil.example",
             format!("csrf={csrf}"),
         ),
         (
-            "admin's token with alice's cookie",
-            vec![
-                ("cookie", alice.as_str()),
-                ("content-type", form),
-                ("origin", origin.as_str()),
-            ],
-            format!(
-                "csrf={}",
-                csrf_of(&http.get("/dashboard/", &admin).await.body)
-            ),
+            "the admin's token",
+            origin.as_str(),
+            format!("csrf={admins_csrf}"),
         ),
     ];
-    for (what, headers, body) in &forged {
+    for (what, from, body) in &forged {
         let answer = http
-            .request(
-                "POST",
+            .post_form(
                 "/dashboard/trainjobs/team-a/a-0/suspend",
-                headers,
+                &[("cookie", &alice), ("origin", from)],
                 body,
             )
             .await;
@@ -300,14 +262,9 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     }
     assert_ne!(suspended(), "true", "a forged action changed nothing");
     let answer = http
-        .request(
-            "POST",
+        .post_form(
             "/dashboard/trainjobs/team-a/a-0/suspend",
-            &[
-                ("cookie", &alice),
-                ("content-type", form),
-                ("origin", &origin),
-            ],
+            &[("cookie", &alice), ("origin", &origin)],
             &format!("csrf={csrf}"),
         )
         .await;
@@ -318,14 +275,9 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     assert!(page.body.contains("id=\"resume\""), "{}", page.body);
     // alice's valid token does not reach team-b: the API's 403.
     let answer = http
-        .request(
-            "POST",
+        .post_form(
             "/dashboard/trainjobs/team-b/secret-b/delete",
-            &[
-                ("cookie", &alice),
-                ("content-type", form),
-                ("origin", &origin),
-            ],
+            &[("cookie", &alice), ("origin", &origin)],
             &format!("csrf={csrf}"),
         )
         .await;
@@ -333,14 +285,9 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     hub.kubectl_ok(&["get", "trainjob", "secret-b", "-n", "team-b"]);
     // Nor may she cordon a spoke.
     let answer = http
-        .request(
-            "POST",
+        .post_form(
             "/dashboard/spokes/spoke-1/cordon",
-            &[
-                ("cookie", &alice),
-                ("content-type", form),
-                ("origin", &origin),
-            ],
+            &[("cookie", &alice), ("origin", &origin)],
             &format!("csrf={csrf}"),
         )
         .await;

@@ -5,35 +5,21 @@
 mod browser;
 mod html;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::ServerName;
 
 use crate::common::DevHub;
 
-pub const ADMIN: &str = "admin-token-0123456789abcdef";
-pub const ALICE: &str = "alice-token-0123456789abcdef";
+pub use crate::common::{ADMIN, ALICE};
 
 /// A dev hub with an admin and `alice`, a tenant granted `team-a`; the
 /// namespaces `team-a` and `team-b` exist.
 pub fn tenants(spokes: &str) -> DevHub {
-    let hub = DevHub::start_args(&["--spokes", spokes], |dir| {
-        std::fs::write(
-            dir.join("tokens.csv"),
-            format!("{ADMIN},admin,admin,\"system:masters\"\n{ALICE},alice,alice-uid,\"team-a\"\n"),
-        )
-        .expect("tokens");
-        std::fs::write(
-            dir.join("policy.yaml"),
-            "namespaces:\n  - namespace: team-a\n    groups: [team-a]\n",
-        )
-        .expect("policy");
-    });
+    let hub = DevHub::start_args(&["--spokes", spokes], crate::common::tenant_files);
     hub.kubectl_ok(&["create", "namespace", "team-a"]);
     hub.kubectl_ok(&["create", "namespace", "team-b"]);
     hub
@@ -82,20 +68,9 @@ impl Answer {
 
 impl Http {
     pub fn new(hub: &DevHub) -> Http {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from(hub.ca().cert_der().to_vec()))
-            .unwrap();
-        let mut config =
-            rustls::ClientConfig::builder_with_provider(trainhub_apiserver::tls::crypto_provider())
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Http {
             port: hub.port,
-            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            tls: tokio_rustls::TlsConnector::from(hub.tls_client_config()),
         }
     }
 
@@ -150,20 +125,21 @@ impl Http {
         }
     }
 
+    /// POSTs a form with `headers`.
+    pub async fn post_form(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        let mut all = vec![("content-type", "application/x-www-form-urlencoded")];
+        all.extend_from_slice(headers);
+        self.request("POST", path, &all, body).await
+    }
+
     pub async fn get(&self, path: &str, cookie: &str) -> Answer {
         self.request("GET", path, &[("cookie", cookie)], "").await
     }
 
     /// Logs in with `token`: the session cookie (`name=value`).
     pub async fn login(&self, token: &str) -> String {
-        let body = format!("token={token}");
         let answer = self
-            .request(
-                "POST",
-                "/dashboard/login",
-                &[("content-type", "application/x-www-form-urlencoded")],
-                &body,
-            )
+            .post_form("/dashboard/login", &[], &format!("token={token}"))
             .await;
         assert_eq!(answer.status, 303, "login: {}", answer.body);
         let cookie = answer.header("set-cookie");

@@ -4,10 +4,9 @@
 
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls_pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -204,21 +203,6 @@ fn a_body_over_3_mib_is_413() {
     kubectl_still_works(&hub);
 }
 
-fn tls_config(hub: &DevHub) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(hub.ca().cert_der().to_vec()))
-        .unwrap();
-    let mut config =
-        rustls::ClientConfig::builder_with_provider(trainhub_apiserver::tls::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(config)
-}
-
 /// A TCP connection to the hub from `source` (another loopback address is
 /// another client).
 async fn connect_from(hub: &DevHub, source: IpAddr) -> std::io::Result<TcpStream> {
@@ -292,7 +276,7 @@ async fn a_slowloris_client_is_cut_off_while_kubectl_works() {
         .await
         .expect("connect");
     let name = ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
-    let mut tls = tokio_rustls::TlsConnector::from(tls_config(&hub))
+    let mut tls = tokio_rustls::TlsConnector::from(hub.tls_client_config())
         .connect(name, tcp)
         .await
         .expect("TLS handshake");

@@ -7,25 +7,11 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::common::{DevHub, tail};
-
-const ADMIN: &str = "admin-token-0123456789abcdef";
-const ALICE: &str = "alice-token-0123456789abcdef";
+use crate::common::{ALICE, DevHub, tail, tenant_files};
 
 fn tenants() -> DevHub {
-    DevHub::start_args(&["--spokes", "1"], |dir| {
-        // The first line is the dev admin; alice works in team-a only.
-        std::fs::write(
-            dir.join("tokens.csv"),
-            format!("{ADMIN},admin,admin,\"system:masters\"\n{ALICE},alice,alice-uid,\"team-a\"\n"),
-        )
-        .expect("tokens");
-        std::fs::write(
-            dir.join("policy.yaml"),
-            "namespaces:\n  - namespace: team-a\n    groups: [team-a]\n",
-        )
-        .expect("policy");
-    })
+    // The first line is the dev admin; alice works in team-a only.
+    DevHub::start_args(&["--spokes", "1"], tenant_files)
 }
 
 fn text(bytes: &[u8]) -> String {
