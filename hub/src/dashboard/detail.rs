@@ -22,7 +22,9 @@ use trainhub_apiserver::store::Key;
 
 use super::trainjobs::Scope;
 use super::view::{self, Summary, annotation, str_at};
-use super::{Dashboard, Session, api_error_page, error_page, html_response, query_pairs};
+use super::{
+    Dashboard, Session, api_error_page, attributes, error_page, html_response, query_pairs,
+};
 use crate::api::{EVENTS, PODS, TRAINJOBS};
 
 /// Lines of a pod's log shown before following it.
@@ -35,24 +37,6 @@ const FOLLOW_LIFETIME: Duration = Duration::from_secs(30 * 60);
 const MAX_NAME_BYTES: usize = 253;
 
 const JOBSET_NAME: &str = "jobset.sigs.k8s.io/jobset-name";
-
-fn attributes<'a>(
-    verb: &'a str,
-    group: &'a str,
-    resource: &'a str,
-    subresource: Option<&'a str>,
-    namespace: &'a str,
-    name: &'a str,
-) -> Attributes<'a> {
-    Attributes {
-        verb,
-        group,
-        resource,
-        subresource,
-        namespace: Some(namespace),
-        name,
-    }
-}
 
 fn check_names(session: &Session, names: &[&str]) -> Result<(), Response> {
     for name in names {
@@ -82,8 +66,7 @@ pub(crate) fn job(
             "get",
             "trainer.kubeflow.org",
             "trainjobs",
-            None,
-            namespace,
+            Some(namespace),
             name,
         ),
     )?;
@@ -117,7 +100,7 @@ pub(crate) async fn page(
     };
     let pods: Vec<Arc<Value>> = if d.allowed(
         &session,
-        &attributes("list", "", "pods", None, &namespace, ""),
+        &attributes("list", "", "pods", Some(&namespace), ""),
     ) {
         d.store()
             .list(PODS, Some(&namespace))
@@ -132,7 +115,7 @@ pub(crate) async fn page(
     let events: Option<Vec<Arc<Value>>> = d
         .allowed(
             &session,
-            &attributes("list", "", "events", None, &namespace, ""),
+            &attributes("list", "", "events", Some(&namespace), ""),
         )
         .then(|| {
             let pod_names: Vec<&str> = pods.iter().map(|p| str_at(p, "/metadata/name")).collect();
@@ -167,8 +150,7 @@ pub(crate) async fn page(
                 verb,
                 "trainer.kubeflow.org",
                 "trainjobs",
-                None,
-                &namespace,
+                Some(&namespace),
                 &name,
             ),
         )
@@ -458,7 +440,10 @@ pub(crate) async fn logs(
     };
     if let Err(r) = d.authorize(
         &session,
-        &attributes("get", "", "pods", Some("log"), &namespace, &pod),
+        &Attributes {
+            subresource: Some("log"),
+            ..attributes("get", "", "pods", Some(&namespace), &pod)
+        },
     ) {
         return r;
     }

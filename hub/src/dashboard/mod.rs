@@ -360,6 +360,25 @@ impl Dashboard {
     }
 }
 
+/// What the API authorizes for a request: `verb` on `resource` of `group`
+/// (in `namespace`; `name` for one object), no subresource.
+pub(crate) fn attributes<'a>(
+    verb: &'a str,
+    group: &'a str,
+    resource: &'a str,
+    namespace: Option<&'a str>,
+    name: &'a str,
+) -> Attributes<'a> {
+    Attributes {
+        verb,
+        group,
+        resource,
+        subresource: None,
+        namespace,
+        name,
+    }
+}
+
 /// The authenticated caller of a dashboard request.
 pub(crate) struct Session {
     pub user: UserInfo,

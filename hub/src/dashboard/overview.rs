@@ -10,32 +10,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use maud::{Markup, html};
 use serde_json::Value;
-use trainhub_apiserver::auth::Attributes;
 
 use super::trainjobs::{self, Filter};
 use super::view::{self, STATES, Summary, str_at};
-use super::{Dashboard, Session, html_response};
+use super::{Dashboard, Session, attributes, html_response};
 use crate::api::SPOKES;
 use crate::kueue::CLUSTER_QUEUES;
 
 /// A certificate expiring sooner than this is flagged.
 const EXPIRY_WARNING: i64 = 7 * 24 * 3600;
-
-fn cluster_attributes<'a>(
-    verb: &'a str,
-    group: &'a str,
-    resource: &'a str,
-    name: &'a str,
-) -> Attributes<'a> {
-    Attributes {
-        verb,
-        group,
-        resource,
-        subresource: None,
-        namespace: None,
-        name,
-    }
-}
 
 pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Response {
     let (session, _) = match d.page_session(request) {
@@ -45,7 +28,7 @@ pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Respon
     let spokes: Option<Vec<(Arc<Value>, bool)>> = d
         .allowed(
             &session,
-            &cluster_attributes("list", "trainhub.kubeflow.org", "spokes", ""),
+            &attributes("list", "trainhub.kubeflow.org", "spokes", None, ""),
         )
         .then(|| {
             d.store()
@@ -55,10 +38,11 @@ pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Respon
                 .map(|o| {
                     let may_cordon = d.allowed(
                         &session,
-                        &cluster_attributes(
+                        &attributes(
                             "patch",
                             "trainhub.kubeflow.org",
                             "spokes",
+                            None,
                             &o.key.name,
                         ),
                     );
@@ -69,7 +53,7 @@ pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Respon
     let queues: Option<Vec<Arc<Value>>> = d
         .allowed(
             &session,
-            &cluster_attributes("list", "kueue.x-k8s.io", "clusterqueues", ""),
+            &attributes("list", "kueue.x-k8s.io", "clusterqueues", None, ""),
         )
         .then(|| {
             d.store()

@@ -12,24 +12,13 @@ use serde_json::Value;
 use trainhub_apiserver::auth::Attributes;
 
 use super::view::{self, str_at};
-use super::{Dashboard, Session, html_response};
+use super::{Dashboard, Session, attributes, html_response};
 use crate::api::{CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES};
 
 const FRAMEWORK_LABEL: &str = "trainer.kubeflow.org/framework";
 
-fn list<'a>(
-    group: &'static str,
-    resource: &'static str,
-    namespace: Option<&'a str>,
-) -> Attributes<'a> {
-    Attributes {
-        verb: "list",
-        group,
-        resource,
-        subresource: None,
-        namespace,
-        name: "",
-    }
+fn list<'a>(group: &'a str, resource: &'a str, namespace: Option<&'a str>) -> Attributes<'a> {
+    attributes("list", group, resource, namespace, "")
 }
 
 pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Response {

@@ -53,14 +53,7 @@ impl Scope {
 }
 
 fn list_attributes(namespace: Option<&str>) -> Attributes<'_> {
-    Attributes {
-        verb: "list",
-        group: GROUP,
-        resource: "trainjobs",
-        subresource: None,
-        namespace,
-        name: "",
-    }
+    super::attributes("list", GROUP, "trainjobs", namespace, "")
 }
 
 /// Where `session` may list TrainJobs: `namespace` if given (the API's 403
