@@ -137,6 +137,23 @@ pub(crate) async fn page(
             events.sort_by(|a, b| event_time(a).cmp(event_time(b)));
             events
         });
+    // The Kueue Workload of a queued TrainJob: quota reservation,
+    // admission, evictions and preemptions with their reasons.
+    let workload = {
+        let uid = str_at(&job, "/metadata/uid");
+        let wl = crate::kueue::workload::workload_name(&name, uid);
+        let allowed = d.allowed(
+            &session,
+            &attributes("get", "kueue.x-k8s.io", "workloads", Some(&namespace), &wl),
+        );
+        allowed
+            .then(|| {
+                d.store()
+                    .get(&Key::new(crate::kueue::WORKLOADS, Some(&namespace), &wl))
+            })
+            .flatten()
+            .map(|o| o.value)
+    };
     let position = if view::state(&job) == "Pending" {
         let all = d.summaries().list(d.store().as_ref(), &Scope::All).await;
         queue_position(&all, &namespace, &name)
@@ -167,6 +184,7 @@ pub(crate) async fn page(
             pods: &pods,
             events: events.as_deref(),
             position,
+            workload: workload.as_deref(),
             actions,
             trace_url: d.trace_url(),
             now: jiff::Timestamp::now(),
@@ -224,6 +242,8 @@ pub(crate) struct Detail<'a> {
     /// None: the caller may not list events.
     pub events: Option<&'a [Arc<Value>]>,
     pub position: Option<(usize, usize)>,
+    /// The TrainJob's Kueue Workload, if it has one the caller may get.
+    pub workload: Option<&'a Value>,
     pub actions: Actions,
     pub trace_url: Option<&'a str>,
     pub now: jiff::Timestamp,
@@ -235,6 +255,18 @@ pub(crate) fn trace_link(template: &str, trace_id: &str) -> Option<String> {
         && trace_id.len() <= 64
         && trace_id.chars().all(|c| c.is_ascii_hexdigit()))
     .then(|| template.replace("{traceId}", trace_id))
+}
+
+/// An object's conditions, oldest transition first.
+fn conditions_of(object: &Value) -> Vec<&Value> {
+    let mut conditions: Vec<&Value> = object
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .map(|c| c.iter().collect())
+        .unwrap_or_default();
+    conditions
+        .sort_by(|a, b| str_at(a, "/lastTransitionTime").cmp(str_at(b, "/lastTransitionTime")));
+    conditions
 }
 
 /// Events that tell where the TrainJob went and why it moved.
@@ -260,13 +292,7 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
     let state = view::state(job);
     let base = view::job_href(namespace, name);
     let trace_id = annotation(job, crate::admission::ANNOTATION_TRACE_ID);
-    let mut conditions: Vec<&Value> = job
-        .pointer("/status/conditions")
-        .and_then(Value::as_array)
-        .map(|c| c.iter().collect())
-        .unwrap_or_default();
-    conditions
-        .sort_by(|a, b| str_at(a, "/lastTransitionTime").cmp(str_at(b, "/lastTransitionTime")));
+    let conditions = conditions_of(job);
     // As `kubectl get -o yaml` prints it: without managedFields.
     let mut shown = job.clone();
     if let Some(meta) = shown.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -327,6 +353,11 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
                 @for c in &reasons {
                     p { strong { (str_at(c, "/type")) } ": " (str_at(c, "/reason")) " — " (str_at(c, "/message")) }
                 }
+                @if let Some(wl) = d.workload {
+                    @for c in conditions_of(wl).iter().filter(|c| c["status"] != "True") {
+                        p { "Kueue " strong { (str_at(c, "/type")) } ": " (str_at(c, "/reason")) " — " (str_at(c, "/message")) }
+                    }
+                }
                 @if let Some(events) = d.events {
                     @for e in events.iter().filter(|e| str_at(e, "/type") == "Warning").rev().take(3) {
                         p { strong { (str_at(e, "/reason")) } ": " (str_at(e, "/message")) }
@@ -356,6 +387,23 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
                 ol.timeline {
                     @for e in events.iter().filter(|e| is_placement(e)) {
                         li { time { (event_time(e)) } " " strong { (str_at(e, "/reason")) } ": " (str_at(e, "/message")) }
+                    }
+                }
+            }
+        }
+        @if let Some(wl) = d.workload {
+            section #workload {
+                h2 { "Queue: Workload " (str_at(wl, "/metadata/name")) }
+                p { "ClusterQueue " strong { (str_at(wl, "/status/admission/clusterQueue")) }
+                    " · queue " strong { (str_at(wl, "/spec/queueName")) } }
+                ol.timeline {
+                    @for c in conditions_of(wl) {
+                        li data-status=(str_at(c, "/status")) {
+                            time { (str_at(c, "/lastTransitionTime")) }
+                            " " strong { (str_at(c, "/type")) } " = " (str_at(c, "/status"))
+                            @if !str_at(c, "/reason").is_empty() { " · " (str_at(c, "/reason")) }
+                            @if !str_at(c, "/message").is_empty() { div.message { (str_at(c, "/message")) } }
+                        }
                     }
                 }
             }

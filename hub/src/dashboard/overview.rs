@@ -119,6 +119,14 @@ fn queue_usage(queue: &Value) -> Usage {
     usage
 }
 
+/// `spec.cohortName` (Kueue v1beta2, as stored), or v1beta1's `spec.cohort`.
+fn cohort(queue: &Value) -> &str {
+    match str_at(queue, "/spec/cohortName") {
+        "" => str_at(queue, "/spec/cohort"),
+        name => name,
+    }
+}
+
 fn quantity(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -221,7 +229,7 @@ pub(crate) fn render(
                                     tr {
                                         @if i == 0 {
                                             td rowspan=(rows) { (str_at(q, "/metadata/name")) }
-                                            td rowspan=(rows) { (str_at(q, "/spec/cohort")) }
+                                            td rowspan=(rows) { (cohort(q)) }
                                         }
                                         td { (flavor) } td { (resource) }
                                         td { (used) " / " (nominal) } td { (borrowed) }
@@ -232,7 +240,7 @@ pub(crate) fn render(
                                     }
                                 }
                                 @if usage.is_empty() {
-                                    tr { td { (str_at(q, "/metadata/name")) } td { (str_at(q, "/spec/cohort")) } td colspan="6" { "no quota" } }
+                                    tr { td { (str_at(q, "/metadata/name")) } td { (cohort(q)) } td colspan="6" { "no quota" } }
                                 }
                             }
                         }

@@ -1,6 +1,6 @@
 //! The dashboard in a real headless Chromium, driven over WebDriver
 //! (Debian's `chromium` and `chromium-driver`): log in, see both spokes of
-//! `trainhub dev`, watch a TrainJob submitted with kubectl go to Complete
+//! `trainhub dev` and cordon one, watch a TrainJob submitted with kubectl go to Complete
 //! without reloading, filter the table, open the detail, follow a log,
 //! suspend and resume, delete with confirmation, and be refused another
 //! namespace as a tenant. It takes the screenshot the README shows
@@ -182,6 +182,29 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
             .unwrap()
             .contains("cpu=4")
     );
+
+    // The admin cordons a spoke and uncordons it, as `trainctl spoke cordon`.
+    let unschedulable = || {
+        hub.kubectl_ok(&[
+            "get",
+            "spoke",
+            "spoke-2",
+            "-o",
+            "jsonpath={.spec.unschedulable}",
+        ])
+    };
+    click(&client, "#spoke-spoke-2 form button").await;
+    until("spoke-2 cordoned", &hub, &client, long, || async {
+        let button = text(&client, "#spoke-spoke-2 form button").await?;
+        (button == "Uncordon" && unschedulable() == "true").then_some(())
+    })
+    .await;
+    click(&client, "#spoke-spoke-2 form button").await;
+    until("spoke-2 uncordoned", &hub, &client, long, || async {
+        let button = text(&client, "#spoke-spoke-2 form button").await?;
+        (button == "Cordon" && unschedulable() == "false").then_some(())
+    })
+    .await;
 
     // A TrainJob submitted with kubectl appears on the open table and goes
     // to Complete, live: the page is never reloaded.

@@ -353,4 +353,71 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // A queued TrainJob: its ClusterQueue's usage on the overview, its
+    // Workload's conditions on its page.
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(
+            "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata:\n  name: default-flavor\n---\n\
+             apiVersion: kueue.x-k8s.io/v1beta2\nkind: ClusterQueue\nmetadata:\n  name: team-queue\nspec:\n  namespaceSelector: {}\n  cohortName: research\n  resourceGroups:\n  - coveredResources: [cpu, memory]\n    flavors:\n    - name: default-flavor\n      resources:\n      - name: cpu\n        nominalQuota: 4\n      - name: memory\n        nominalQuota: 64Gi\n---\n\
+             apiVersion: kueue.x-k8s.io/v1beta2\nkind: LocalQueue\nmetadata:\n  namespace: team-a\n  name: user-queue\nspec:\n  clusterQueue: team-queue\n",
+        ),
+    );
+    hub.kubectl_stdin(
+        &["apply", "-f", "-"],
+        Some(&trainjob_yaml(
+            "team-a",
+            "queued",
+            &[("kueue.x-k8s.io/queue-name", "user-queue")],
+            "print(1)",
+        )),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let overview = http.get("/dashboard/", &admin).await;
+        let detail = http.get("/dashboard/trainjobs/team-a/queued", &alice).await;
+        let queue_shown = overview.body.contains("team-queue")
+            && overview.body.contains("research")
+            && overview.body.contains(" / 4</td>");
+        let workload_shown = detail.body.contains("Queue: Workload trainjob-queued-")
+            && detail.body.contains("QuotaReserved");
+        if queue_shown && workload_shown {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue on the overview ({queue_shown}) and the Workload on the page ({workload_shown}):\n{}\n{}",
+            overview.body,
+            detail.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let queued = http
+        .get("/dashboard/trainjobs?queue=user-queue", &alice)
+        .await;
+    assert!(queued.body.contains("1 TrainJob "), "{}", queued.body);
+
+    // The plugins and runtimes page: the built-ins, their digests, the
+    // runtimes and the plugin of their framework.
+    let plugins = http.get("/dashboard/plugins", &admin).await;
+    assert_eq!(plugins.status, 200);
+    assert!(plugins.body.contains("builtin-torch"), "{}", plugins.body);
+    assert!(
+        plugins.body.contains("torch-distributed"),
+        "{}",
+        plugins.body
+    );
+    let digest = hub.kubectl_ok(&[
+        "get",
+        "trainerplugin",
+        "builtin-torch",
+        "-o",
+        "jsonpath={.status.digest}",
+    ]);
+    assert!(
+        !digest.is_empty() && plugins.body.contains(&digest),
+        "{digest}: {}",
+        plugins.body
+    );
 }
