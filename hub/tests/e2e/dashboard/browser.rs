@@ -153,7 +153,7 @@ async fn log_in(hub: &DevHub, client: &Client, base: &str, token: &str) -> Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
     let Some(binary) = chromedriver() else { return };
-    let hub = tenants("2");
+    let hub = tenants(&["--spokes", "2"]);
     let driver = Driver::start(&binary);
     let client = driver.browser().await;
     let base = format!("https://127.0.0.1:{}", hub.port);

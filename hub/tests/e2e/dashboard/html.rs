@@ -14,7 +14,12 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() {
-    let hub = tenants("0");
+    let hub = tenants(&[
+        "--spokes",
+        "0",
+        "--dashboard-trace-url",
+        "https://jaeger.example/trace/{traceId}",
+    ]);
     let http = Http::new(&hub);
 
     // Five TrainJobs of alice's team-a (two labelled tier=gold), one of
@@ -43,9 +48,17 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
         1,
     );
     yaml.push_str(&hostile);
+    yaml.push_str("---\n");
+    yaml.push_str(
+        &trainjob_yaml("team-a", "traced", &[], "print(1)").replacen(
+            "  namespace: team-a\n",
+            "  namespace: team-a\n  annotations:\n    trainhub.kubeflow.org/trace-id: 4bf92f3577b34da6a3ce929d0e0e4736\n",
+            1,
+        ),
+    );
     hub.kubectl_stdin(&["apply", "-f", "-"], Some(&yaml));
     let out = hub.kubectl_ok(&["get", "trainjobs", "-A", "-o", "name"]);
-    assert_eq!(out.lines().count(), 7, "{out}");
+    assert_eq!(out.lines().count(), 8, "{out}");
     let secret_uid = hub.kubectl_ok(&[
         "get",
         "trainjob",
@@ -98,7 +111,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     let page = http.get("/dashboard/trainjobs", &alice).await;
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(page.body.contains("tj/team-a/a-0"), "{}", page.body);
-    assert!(page.body.contains("6 TrainJobs"), "{}", page.body);
+    assert!(page.body.contains("7 TrainJobs"), "{}", page.body);
     assert!(!page.body.contains("secret-b"), "{}", page.body);
 
     // Another namespace: the API's 403, nothing of its objects.
@@ -131,7 +144,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     // The admin sees both.
     let admin = http.login(ADMIN).await;
     let page = http.get("/dashboard/trainjobs", &admin).await;
-    assert!(page.body.contains("7 TrainJobs"), "{}", page.body);
+    assert!(page.body.contains("8 TrainJobs"), "{}", page.body);
     assert!(page.body.contains("tj/team-b/secret-b"), "{}", page.body);
 
     // Filters and paging, on the server.
@@ -167,7 +180,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
             &alice,
         )
         .await;
-    assert!(pending.body.contains("6 TrainJobs"), "{}", pending.body);
+    assert!(pending.body.contains("7 TrainJobs"), "{}", pending.body);
     let complete = http
         .get("/dashboard/trainjobs?state=Complete", &alice)
         .await;
@@ -218,6 +231,21 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
             .contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
         "{}",
         detail.body
+    );
+    // A trace id that is no hex is shown, not linked; a W3C one is linked
+    // through --dashboard-trace-url.
+    assert!(
+        !detail.body.contains("id=\"trace-link\""),
+        "{}",
+        detail.body
+    );
+    let traced = http.get("/dashboard/trainjobs/team-a/traced", &alice).await;
+    assert!(
+        traced.body.contains(
+            "id=\"trace-link\" href=\"https://jaeger.example/trace/4bf92f3577b34da6a3ce929d0e0e4736\""
+        ),
+        "{}",
+        traced.body
     );
 
     // Actions need the session's CSRF token and this origin.
@@ -343,12 +371,12 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
         let overview = http.get("/dashboard/", &alice).await;
         assert_eq!(overview.status, 200);
         assert!(!overview.body.contains("secret-b"), "{}", overview.body);
-        if overview.body.contains("<strong>7</strong> in all") {
+        if overview.body.contains("<strong>8</strong> in all") {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the overview never counted alice's 7 TrainJobs: {}",
+            "the overview never counted alice's 8 TrainJobs: {}",
             overview.body
         );
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -16,10 +16,10 @@ use crate::common::DevHub;
 
 pub use crate::common::{ADMIN, ALICE};
 
-/// A dev hub with an admin and `alice`, a tenant granted `team-a`; the
-/// namespaces `team-a` and `team-b` exist.
-pub fn tenants(spokes: &str) -> DevHub {
-    let hub = DevHub::start_args(&["--spokes", spokes], crate::common::tenant_files);
+/// A dev hub started with `args`, with an admin and `alice`, a tenant
+/// granted `team-a`; the namespaces `team-a` and `team-b` exist.
+pub fn tenants(args: &[&str]) -> DevHub {
+    let hub = DevHub::start_args(args, crate::common::tenant_files);
     hub.kubectl_ok(&["create", "namespace", "team-a"]);
     hub.kubectl_ok(&["create", "namespace", "team-b"]);
     hub
