@@ -269,6 +269,22 @@ fn conditions_of(object: &Value) -> Vec<&Value> {
     conditions
 }
 
+/// Conditions as a timeline: when, type = status, reason, message.
+fn timeline(conditions: &[&Value]) -> Markup {
+    html! {
+        ol.timeline {
+            @for c in conditions {
+                li data-status=(str_at(c, "/status")) {
+                    time { (str_at(c, "/lastTransitionTime")) }
+                    " " strong { (str_at(c, "/type")) } " = " (str_at(c, "/status"))
+                    @if !str_at(c, "/reason").is_empty() { " · " (str_at(c, "/reason")) }
+                    @if !str_at(c, "/message").is_empty() { div.message { (str_at(c, "/message")) } }
+                }
+            }
+        }
+    }
+}
+
 /// Events that tell where the TrainJob went and why it moved.
 fn is_placement(event: &Value) -> bool {
     let reason = str_at(event, "/reason");
@@ -369,16 +385,7 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
         section #conditions {
             h2 { "Conditions" }
             @if conditions.is_empty() { p.empty { "None yet." } }
-            ol.timeline {
-                @for c in &conditions {
-                    li data-status=(str_at(c, "/status")) {
-                        time { (str_at(c, "/lastTransitionTime")) }
-                        " " strong { (str_at(c, "/type")) } " = " (str_at(c, "/status"))
-                        @if !str_at(c, "/reason").is_empty() { " · " (str_at(c, "/reason")) }
-                        @if !str_at(c, "/message").is_empty() { div.message { (str_at(c, "/message")) } }
-                    }
-                }
-            }
+            (timeline(&conditions))
         }
         section #placement {
             h2 { "Placement" }
@@ -396,16 +403,7 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
                 h2 { "Queue: Workload " (str_at(wl, "/metadata/name")) }
                 p { "ClusterQueue " strong { (str_at(wl, "/status/admission/clusterQueue")) }
                     " · queue " strong { (str_at(wl, "/spec/queueName")) } }
-                ol.timeline {
-                    @for c in conditions_of(wl) {
-                        li data-status=(str_at(c, "/status")) {
-                            time { (str_at(c, "/lastTransitionTime")) }
-                            " " strong { (str_at(c, "/type")) } " = " (str_at(c, "/status"))
-                            @if !str_at(c, "/reason").is_empty() { " · " (str_at(c, "/reason")) }
-                            @if !str_at(c, "/message").is_empty() { div.message { (str_at(c, "/message")) } }
-                        }
-                    }
-                }
+                (timeline(&conditions_of(wl)))
             }
         }
         section #pods {
