@@ -1093,3 +1093,157 @@ async fn continue_pages_are_consistent_at_the_first_pages_version_on_etcd() {
     assert_eq!(status["reason"], "Expired");
     assert_eq!(status["message"], CONTINUE_EXPIRED);
 }
+
+/// A store whose first `races` commits of an update to a widget are each
+/// beaten by another writer's update of the same widget (its label
+/// `raced` counts them), as when a controller writes between a patch's
+/// read and its commit.
+struct Racing {
+    inner: Arc<RedbStore>,
+    races: std::sync::atomic::AtomicUsize,
+}
+
+impl trainhub_apiserver::store::Store for Racing {
+    fn get(
+        &self,
+        key: &trainhub_apiserver::store::Key,
+    ) -> Option<trainhub_apiserver::store::Object> {
+        self.inner.get(key)
+    }
+    fn list(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> (
+        Vec<trainhub_apiserver::store::Object>,
+        trainhub_apiserver::store::Rv,
+    ) {
+        self.inner.list(resource, namespace)
+    }
+    fn commit(
+        &self,
+        ops: Vec<trainhub_apiserver::store::Op>,
+    ) -> trainhub_apiserver::store::CommitFuture<'_> {
+        use std::sync::atomic::Ordering;
+        use trainhub_apiserver::store::Op;
+        Box::pin(async move {
+            if let [Op::Update { key, .. }] = ops.as_slice()
+                && self
+                    .races
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                && let Some(current) = self.inner.get(key)
+            {
+                let mut value = current.value.as_ref().clone();
+                let raced = value["metadata"]["labels"]["raced"]
+                    .as_str()
+                    .map_or(0, |n| n.parse::<u32>().unwrap());
+                value["metadata"]["labels"]["raced"] = json!((raced + 1).to_string());
+                self.inner
+                    .commit(vec![Op::Update {
+                        key: key.clone(),
+                        value,
+                        expected: Some(current.rv),
+                    }])
+                    .await
+                    .unwrap();
+            }
+            self.inner.commit(ops).await
+        })
+    }
+    fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        since: Option<trainhub_apiserver::store::Rv>,
+    ) -> Result<trainhub_apiserver::store::Watch, trainhub_apiserver::store::StoreError> {
+        self.inner.watch(resource, namespace, since)
+    }
+    fn revision(&self) -> trainhub_apiserver::store::Rv {
+        self.inner.revision()
+    }
+    fn list_raw(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        at: Option<trainhub_apiserver::store::Rv>,
+    ) -> trainhub_apiserver::store::RawListFuture<'_> {
+        self.inner.list_raw(resource, namespace, after, at)
+    }
+    fn fenced(
+        self: Arc<Self>,
+        _term: trainhub_apiserver::store::Term,
+    ) -> Arc<dyn trainhub_apiserver::store::Store> {
+        self
+    }
+}
+
+/// A patch without a resourceVersion is applied again to the newest object
+/// when another write lands between its read and its commit (as
+/// kube-apiserver does), and keeps the other writer's change; one that
+/// names a resourceVersion is refused with 409; a patch beaten at every
+/// attempt ends in 409 too.
+#[tokio::test]
+async fn a_patch_beaten_by_another_write_is_applied_again_unless_preconditioned() {
+    let dir = tempfile::tempdir().unwrap();
+    let racing = Arc::new(Racing {
+        inner: Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap()),
+        races: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let server = Server::builder(racing.clone()).resource(widgets()).build();
+    let api = Api {
+        router: server.router(),
+        _dir: dir,
+    };
+    let (code, _) = api.json("POST", BASE, Some(widget("w", 1))).await;
+    assert_eq!(code, StatusCode::CREATED);
+    let set = |races: usize| {
+        racing
+            .races
+            .store(races, std::sync::atomic::Ordering::SeqCst);
+    };
+
+    set(2);
+    let (code, patched) = api
+        .call(
+            "PATCH",
+            &format!("{BASE}/w"),
+            "application/merge-patch+json",
+            Some(json!({"spec": {"size": 7}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{patched}");
+    assert_eq!(patched["spec"]["size"], 7);
+    assert_eq!(patched["metadata"]["labels"]["raced"], "2", "{patched}");
+
+    set(1);
+    let rv = patched["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, refused) = api
+        .call(
+            "PATCH",
+            &format!("{BASE}/w"),
+            "application/merge-patch+json",
+            Some(json!({"metadata": {"resourceVersion": rv}, "spec": {"size": 8}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["reason"], "Conflict");
+
+    set(100);
+    let (code, refused) = api
+        .call(
+            "PATCH",
+            &format!("{BASE}/w"),
+            "application/merge-patch+json",
+            Some(json!({"spec": {"size": 9}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{refused}");
+    set(0);
+    let (_, current) = api.json("GET", &format!("{BASE}/w"), None).await;
+    assert_eq!(current["spec"]["size"], 7, "{current}");
+}

@@ -15,8 +15,6 @@ use super::view::{self, csrf, str_at};
 use super::{Dashboard, Session, api_error_page, form_pairs, html_response};
 
 const MERGE_PATCH: &str = "application/merge-patch+json";
-/// Times a patch is sent again after a 409 Conflict.
-const PATCH_RETRIES: usize = 5;
 
 fn trainjob_path(namespace: &str, name: &str) -> String {
     format!(
@@ -60,20 +58,10 @@ async fn act(
         Some(p) => (Some(MERGE_PATCH), p.to_string().into_bytes()),
         None => (None, Vec::new()),
     };
-    // A merge patch names no resourceVersion: a 409 means the object
-    // changed between the API's read and write (a spoke's heartbeat, a
-    // status update), and the same patch applies again.
-    let mut response = d
-        .api(&session, method.clone(), &path, content_type, body.clone())
-        .await;
-    for _ in 0..PATCH_RETRIES {
-        if method != Method::PATCH || response.status() != StatusCode::CONFLICT {
-            break;
-        }
-        response = d
-            .api(&session, method.clone(), &path, content_type, body.clone())
-            .await;
-    }
+    // A merge patch names no resourceVersion: the API applies it again
+    // itself when another write (a heartbeat, a status update) lands
+    // between its read and its commit.
+    let response = d.api(&session, method, &path, content_type, body).await;
     if response.status().is_success() {
         // 303 See Other: the browser GETs the page after the POST.
         Redirect::to(&then).into_response()

@@ -856,7 +856,33 @@ async fn update(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
     Ok(ctx.respond(code, &value, &warnings))
 }
 
+/// Tries a patch again on the newest object when another write landed
+/// between its read and its commit, as kube-apiserver does, unless the
+/// patch itself names a `resourceVersion` (a precondition the client
+/// meant to be refused on).
 async fn patch(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
+    const ATTEMPTS: usize = 5;
+    let preconditioned = body.windows(15).any(|w| w == b"resourceVersion");
+    let mut attempt = 1;
+    loop {
+        match patch_once(ctx, body).await {
+            Err(e)
+                if e.code == 409 && !preconditioned && attempt < ATTEMPTS && is_write_race(&e) =>
+            {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A 409 from the store's optimistic concurrency (not an apply's field
+/// conflict or an existing name).
+fn is_write_race(e: &ApiError) -> bool {
+    e.message.contains("the object has been modified")
+}
+
+async fn patch_once(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
     read_only(ctx)?;
     let content_type = request::content_type(&ctx.headers);
     let keys = ctx.keys();
