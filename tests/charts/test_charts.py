@@ -217,7 +217,7 @@ ANNOUNCED_SPOKE_FLAGS: dict[str, object] = {
     "http-address": None,
 }
 
-HUB_SOURCES = [ROOT / "hub/src/bin/trainhub.rs", ROOT / "hub/src/hub.rs", ROOT / "hub/src/dispatch/mod.rs"]
+HUB_SOURCES = [ROOT / "hub/src/bin/trainhub.rs", ROOT / "hub/src/hub.rs", ROOT / "hub/src/dispatch/mod.rs", ROOT / "hub/src/plugins/sources.rs", ROOT / "hub/src/dashboard/mod.rs"]
 SPOKE_SOURCES = [ROOT / "spoke/src/cli.rs"]
 
 
