@@ -141,6 +141,16 @@ impl Dashboard {
     pub fn attach(&self, server: &Arc<Server>) {
         let _ = self.0.api.set(server.router());
         let _ = self.0.server.set(server.clone());
+        // The TrainJobs' table summaries, decoded once now rather than by
+        // the first page someone opens (10,000 TrainJobs: about 140 ms).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let this = self.clone();
+            runtime.spawn(async move {
+                this.summaries()
+                    .list(this.store().as_ref(), &trainjobs::Scope::All)
+                    .await;
+            });
+        }
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn Store> {

@@ -573,6 +573,17 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
         },
     )
     .await;
+    // Only the processes that last: a shell's fork carries its command
+    // line until it execs (`sleep`), and is gone a moment later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before: BTreeMap<&str, BTreeSet<u32>> = before
+        .into_iter()
+        .map(|(n, pids)| {
+            let lasting = &pids & &processes_with(&format!("ha-long-{n}"));
+            assert!(!lasting.is_empty(), "{n}: no process lasted 2 s: {pids:?}");
+            (n, lasting)
+        })
+        .collect();
 
     // Concurrent creates through every replica; the leader dies midway.
     let acknowledged = Arc::new(Mutex::new(BTreeSet::new()));
