@@ -31,6 +31,44 @@ fn rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// jemalloc's own counters, in bytes: live allocations, the pages that
+/// hold them, and the pages resident (theirs, freed-but-kept, metadata).
+#[allow(unsafe_code)]
+fn heap() -> (u64, u64, u64) {
+    fn read(name: &std::ffi::CStr) -> u64 {
+        let mut value: usize = 0;
+        let mut len = std::mem::size_of::<usize>();
+        // SAFETY: each name is a NUL-terminated `size_t` statistic; `value`
+        // and `len` are valid for the write of one.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&raw mut value).cast(),
+                &raw mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if rc == 0 { value as u64 } else { 0 }
+    }
+    let mut epoch: u64 = 1;
+    // SAFETY: writing `epoch` refreshes the statistics; it takes a u64.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"epoch".as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut epoch).cast(),
+            std::mem::size_of::<u64>(),
+        );
+    }
+    (
+        read(c"stats.allocated"),
+        read(c"stats.active"),
+        read(c"stats.resident"),
+    )
+}
+
 fn main() {
     let jobs = support::arg("--jobs", 10_000);
     let concurrency = support::arg("--concurrency", 32);
@@ -79,6 +117,7 @@ async fn run(jobs: usize, concurrency: usize, settle: Duration) {
     // after `--settle` seconds.
     tokio::time::sleep(settle).await;
     let rss_before = rss();
+    let heap_before = heap();
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -110,8 +149,10 @@ async fn run(jobs: usize, concurrency: usize, settle: Duration) {
     drop(api);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_after_unsettled = rss();
+    let heap_unsettled = heap();
     tokio::time::sleep(settle).await;
     let rss_after = rss();
+    let heap_after = heap();
     latencies.sort();
     let pct = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
     let db = std::fs::metadata(dir.path().join("data/store.redb"))
@@ -142,6 +183,20 @@ async fn run(jobs: usize, concurrency: usize, settle: Duration) {
         settle.as_secs(),
         unsettled_per_10k / 1048576.0,
         db as f64 / 1048576.0
+    );
+    let mib_per_10k =
+        |a: u64, b: u64| a.saturating_sub(b) as f64 / jobs as f64 * 10_000.0 / 1048576.0;
+    println!(
+        "heap (jemalloc, 0.5 s after): allocated {:.1}, active {:.1}, resident {:.1} MiB per 10,000",
+        mib_per_10k(heap_unsettled.0, heap_before.0),
+        mib_per_10k(heap_unsettled.1, heap_before.1),
+        mib_per_10k(heap_unsettled.2, heap_before.2),
+    );
+    println!(
+        "heap (jemalloc, settled): allocated {:.1}, active {:.1}, resident {:.1} MiB per 10,000",
+        mib_per_10k(heap_after.0, heap_before.0),
+        mib_per_10k(heap_after.1, heap_before.1),
+        mib_per_10k(heap_after.2, heap_before.2),
     );
     // What the store holds per TrainJob, by resource: objects and their
     // JSON size (the store's own representation is larger in memory).

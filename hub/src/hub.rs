@@ -270,7 +270,19 @@ pub struct Hub {
     /// What the trainer's pods are told, if the hub offers it.
     reporting: Option<Arc<crate::trainer_status::Reporting>>,
     election: Option<Election>,
+    /// Detached when the hub is dropped (see [`Hub::drop`]).
+    dashboard: crate::dashboard::Dashboard,
     config: Config,
+}
+
+impl Drop for Hub {
+    /// Breaks the dashboard's links to the API server, whose routes hold
+    /// the dashboard: without this a hub dropped (served or not) would
+    /// keep its store, and redb's lock on its file, for the life of the
+    /// process.
+    fn drop(&mut self) {
+        self.dashboard.detach();
+    }
 }
 
 impl Hub {
@@ -450,6 +462,7 @@ impl Hub {
             status_key,
             reporting,
             election,
+            dashboard,
             config,
         })
     }
@@ -633,6 +646,10 @@ impl Hub {
             grpc: grpc_addr,
         });
         tracing::info!(%addr, "serving the Kubernetes API");
+        let warming = tokio::spawn({
+            let dashboard = self.dashboard.clone();
+            async move { dashboard.warm().await }
+        });
         let router = self.server.router();
         let stop = async move {
             shutdown.await;
@@ -640,6 +657,8 @@ impl Hub {
         };
         let options = self.config.api_limits.serve_options();
         trainhub_apiserver::tls::serve_with(listener, tls, router, stop, options).await;
+        warming.abort();
+        let _ = warming.await;
         let _ = leadership.await;
         let _ = loader.await;
         if let Some(grpc) = grpc {

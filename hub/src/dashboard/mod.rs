@@ -33,7 +33,7 @@ mod plugins;
 mod trainjobs;
 pub(crate) mod view;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, RwLock};
 
 use axum::Router;
 use axum::body::Body;
@@ -116,8 +116,10 @@ pub fn parse_trace_url(template: &str) -> Result<String, String> {
 pub struct Dashboard(Arc<Inner>);
 
 struct Inner {
-    server: OnceLock<Arc<Server>>,
-    api: OnceLock<Router>,
+    /// The API server and its router, from [`Dashboard::attach`] to
+    /// [`Dashboard::detach`]. The server's routes hold the dashboard, so
+    /// these links make a cycle that `detach` breaks.
+    attached: RwLock<Option<(Arc<Server>, Router)>>,
     store: Arc<dyn Store>,
     key: Arc<SigningKey>,
     trace_url: Option<String>,
@@ -127,8 +129,7 @@ struct Inner {
 impl Dashboard {
     pub fn new(store: Arc<dyn Store>, key: Arc<SigningKey>, args: &DashboardArgs) -> Dashboard {
         Dashboard(Arc::new(Inner {
-            server: OnceLock::new(),
-            api: OnceLock::new(),
+            attached: RwLock::new(None),
             store,
             key,
             trace_url: args.dashboard_trace_url.clone(),
@@ -139,18 +140,17 @@ impl Dashboard {
     /// Gives the dashboard the API server it authenticates, authorizes and
     /// acts through. Until then every page answers 503.
     pub fn attach(&self, server: &Arc<Server>) {
-        let _ = self.0.api.set(server.router());
-        let _ = self.0.server.set(server.clone());
-        // The TrainJobs' table summaries, decoded once now rather than by
-        // the first page someone opens (10,000 TrainJobs: about 140 ms).
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let this = self.clone();
-            runtime.spawn(async move {
-                this.summaries()
-                    .list(this.store().as_ref(), &trainjobs::Scope::All)
-                    .await;
-            });
-        }
+        *self.0.attached.write().unwrap_or_else(|p| p.into_inner()) =
+            Some((server.clone(), server.router()));
+    }
+
+    /// Decodes the TrainJobs' table summaries now rather than when the
+    /// first page is opened (10,000 TrainJobs: about 140 ms). The hub runs
+    /// it while serving.
+    pub async fn warm(&self) {
+        self.summaries()
+            .list(self.store().as_ref(), &trainjobs::Scope::All)
+            .await;
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
@@ -165,8 +165,26 @@ impl Dashboard {
         self.0.trace_url.as_deref()
     }
 
-    fn server(&self) -> Result<&Arc<Server>, Response> {
-        self.0.server.get().ok_or_else(|| {
+    /// Lets go of the API server (the hub is stopping or dropped): every
+    /// page answers 503 from now on, and the server can be freed.
+    pub fn detach(&self) {
+        self.0
+            .attached
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
+    fn attached(&self) -> Option<(Arc<Server>, Router)> {
+        self.0
+            .attached
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn server(&self) -> Result<Arc<Server>, Response> {
+        self.attached().map(|(server, _)| server).ok_or_else(|| {
             error_page(
                 None,
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -305,10 +323,8 @@ impl Dashboard {
     /// Whether `session` may do `attributes`, as the API decides, without
     /// logging a refusal (for what a page offers).
     pub(crate) fn allowed(&self, session: &Session, attributes: &Attributes<'_>) -> bool {
-        self.0
-            .server
-            .get()
-            .is_some_and(|s| s.allows(&session.user, attributes))
+        self.attached()
+            .is_some_and(|(s, _)| s.allows(&session.user, attributes))
     }
 
     /// As the API authorizes `attributes` for `session`: the API's 403 as
@@ -335,7 +351,7 @@ impl Dashboard {
         content_type: Option<&'static str>,
         body: Vec<u8>,
     ) -> Response {
-        let Some(api) = self.0.api.get() else {
+        let Some((_, api)) = self.attached() else {
             return error_page(
                 Some(session),
                 StatusCode::SERVICE_UNAVAILABLE,
