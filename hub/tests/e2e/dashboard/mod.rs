@@ -153,3 +153,47 @@ pub fn csrf_of(page: &str) -> String {
     let rest = &page[at + "name=\"csrf\" value=\"".len()..];
     rest[..rest.find('"').unwrap()].to_string()
 }
+
+/// The dashboard and the API server hold each other (the server's routes
+/// hold the dashboard); a `Hub` dropped, served or not, must still let go
+/// of its store, so the same process can open it again at once (a restart
+/// in-process, as the benches and embedders do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_hub_lets_go_of_its_store() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("data dir");
+    // The e2e tests' shared compile cache, so no plugin compiles here.
+    std::fs::create_dir_all(crate::common::plugin_cache()).expect("plugin cache");
+    std::os::unix::fs::symlink(crate::common::plugin_cache(), data.join("plugin-cache"))
+        .expect("cache link");
+    let localhost = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+    let config = trainhub::hub::Config {
+        data_dir: data,
+        listen: localhost,
+        tls_cert: dir.path().join("unused.crt"),
+        tls_key: dir.path().join("unused.key"),
+        client_ca: None,
+        token_file: None,
+        policy_file: None,
+        plugins_dir: None,
+        grpc_listen: None,
+        spoke_ca: None,
+        dispatch: Default::default(),
+        event_ttl: trainhub::controller::events::DEFAULT_TTL,
+        api_limits: Default::default(),
+        trainer_status: None,
+        plugin_sources: Default::default(),
+        dashboard: Default::default(),
+    };
+    for round in 0..2 {
+        let hub = trainhub::hub::Hub::open(config.clone())
+            .unwrap_or_else(|e| panic!("open #{round}: {e:#}"));
+        let store = std::sync::Arc::downgrade(&hub.store);
+        let server = std::sync::Arc::downgrade(&hub.server);
+        drop(hub);
+        assert_eq!(server.strong_count(), 0, "the API server outlived its hub");
+        assert_eq!(store.strong_count(), 0, "the store outlived its hub");
+    }
+}
