@@ -40,6 +40,7 @@
 //! (`kubeflow.trainer.update_trainjob_status`) posts exactly this.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use base64::Engine as _;
@@ -80,6 +81,9 @@ fn key_location() -> Key {
     )
 }
 
+/// How long a replica waits to see the signing key another replica created.
+const KEY_VISIBLE_WITHIN: Duration = Duration::from_secs(10);
+
 /// The key that signs the TrainJobs' status tokens, one for all replicas:
 /// the first replica to start creates it in the store, the others read it.
 pub struct SigningKey {
@@ -117,9 +121,24 @@ impl SigningKey {
             Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
             Err(e) => return Err(e).context("storing the trainer-status key"),
         }
-        self.load()
-            .map(|_| ())
-            .context("the stored trainer-status key is not 32 hex-encoded bytes")
+        // Created by another replica: this replica's view of a shared
+        // store follows it by a watch, so the key may show a moment later.
+        let deadline = tokio::time::Instant::now() + KEY_VISIBLE_WITHIN;
+        loop {
+            if self.load().is_some() {
+                return Ok(());
+            }
+            if self.store.get(&key_location()).is_some() {
+                anyhow::bail!("the stored trainer-status key is not 32 hex-encoded bytes");
+            }
+            if tokio::time::Instant::now() >= deadline {
+                anyhow::bail!(
+                    "the trainer-status key another replica created did not reach this \
+                     replica's view of the store within {KEY_VISIBLE_WITHIN:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     fn load(&self) -> Option<&hmac::Key> {
@@ -505,6 +524,79 @@ mod tests {
         assert!(key.token("ns", "j", "u").is_none(), "no key before ensure");
         key.ensure().await.unwrap();
         (dir, key)
+    }
+
+    /// A replica's view of a shared store that shows the first `hidden`
+    /// reads of the signing key as absent, as a view fed by a watch does
+    /// just after another replica created it.
+    struct Lagging {
+        inner: Arc<dyn Store>,
+        hidden: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Store for Lagging {
+        fn get(&self, key: &Key) -> Option<trainhub_apiserver::store::Object> {
+            let hide = self
+                .hidden
+                .fetch_update(
+                    std::sync::atomic::Ordering::SeqCst,
+                    std::sync::atomic::Ordering::SeqCst,
+                    |n| n.checked_sub(1),
+                )
+                .is_ok();
+            if hide { None } else { self.inner.get(key) }
+        }
+        fn list(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+        ) -> (
+            Vec<trainhub_apiserver::store::Object>,
+            trainhub_apiserver::store::Rv,
+        ) {
+            self.inner.list(resource, namespace)
+        }
+        fn commit(&self, ops: Vec<Op>) -> trainhub_apiserver::store::CommitFuture<'_> {
+            self.inner.commit(ops)
+        }
+        fn watch(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+            since: Option<trainhub_apiserver::store::Rv>,
+        ) -> Result<trainhub_apiserver::store::Watch, StoreError> {
+            self.inner.watch(resource, namespace, since)
+        }
+        fn revision(&self) -> trainhub_apiserver::store::Rv {
+            self.inner.revision()
+        }
+        fn list_raw(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+            after: Option<(&str, &str)>,
+            at: Option<trainhub_apiserver::store::Rv>,
+        ) -> trainhub_apiserver::store::RawListFuture<'_> {
+            self.inner.list_raw(resource, namespace, after, at)
+        }
+        fn fenced(self: Arc<Self>, _term: trainhub_apiserver::store::Term) -> Arc<dyn Store> {
+            self
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_sees_the_key_late_waits_for_it_and_signs_alike() {
+        let (_dir, first) = key().await;
+        let second = SigningKey::new(Arc::new(Lagging {
+            inner: first.store.clone(),
+            hidden: std::sync::atomic::AtomicUsize::new(5),
+        }));
+        second.ensure().await.unwrap();
+        assert_eq!(
+            second.token("ns", "j", "u"),
+            first.token("ns", "j", "u"),
+            "both replicas sign with the key the first created"
+        );
     }
 
     #[tokio::test]
