@@ -69,6 +69,32 @@ pub struct Config {
     pub dashboard: crate::dashboard::DashboardArgs,
 }
 
+impl Config {
+    /// A hub on 127.0.0.1 (a free port) with its state in `data_dir`,
+    /// serving with `tls_cert` and `tls_key`, every other setting at its
+    /// default: no spokes' endpoint, tokens, policy or plugins directory.
+    pub fn local(data_dir: PathBuf, tls_cert: PathBuf, tls_key: PathBuf) -> Config {
+        Config {
+            data_dir,
+            listen: SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 0),
+            tls_cert,
+            tls_key,
+            client_ca: None,
+            token_file: None,
+            policy_file: None,
+            plugins_dir: None,
+            grpc_listen: None,
+            spoke_ca: None,
+            dispatch: DispatchConfig::default(),
+            event_ttl: crate::controller::events::DEFAULT_TTL,
+            api_limits: Default::default(),
+            trainer_status: None,
+            plugin_sources: Default::default(),
+            dashboard: Default::default(),
+        }
+    }
+}
+
 /// How the trainer's pods reach this hub's API to post `trainerStatus`.
 #[derive(Debug, Clone)]
 pub struct TrainerStatusConfig {

@@ -78,22 +78,10 @@ pub fn arg(name: &str, default: usize) -> usize {
 pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
     let localhost = |port| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
     Config {
-        data_dir: dir.join("data"),
-        listen: localhost(0),
-        tls_cert: pki.cert_path("hub"),
-        tls_key: pki.key_path("hub"),
-        client_ca: None,
         token_file: Some(dir.join("tokens.csv")),
-        policy_file: None,
-        plugins_dir: None,
         grpc_listen: spokes.then(|| localhost(0)),
         spoke_ca: spokes.then(|| pki.cert_path("ca")),
-        dispatch: Default::default(),
-        event_ttl: trainhub::controller::events::DEFAULT_TTL,
-        api_limits: Default::default(),
-        trainer_status: None,
-        plugin_sources: Default::default(),
-        dashboard: Default::default(),
+        ..Config::local(dir.join("data"), pki.cert_path("hub"), pki.key_path("hub"))
     }
 }
 

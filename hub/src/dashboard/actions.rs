@@ -119,12 +119,8 @@ pub(crate) async fn confirm_delete(
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let (session, _) = match d.page_session(request) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let job = match super::detail::job(&d, &session, &namespace, &name) {
-        Ok(j) => j,
+    let (session, job) = match super::detail::session_and_job(&d, request, &namespace, &name) {
+        Ok(found) => found,
         Err(r) => return r,
     };
     let base = view::job_href(&namespace, &name);

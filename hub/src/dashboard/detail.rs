@@ -85,17 +85,26 @@ pub(crate) fn job(
         })
 }
 
+/// The caller of a page about the TrainJob `namespace/name`, and the
+/// TrainJob as they may read it; the page to answer otherwise.
+pub(crate) fn session_and_job(
+    d: &Dashboard,
+    request: Request,
+    namespace: &str,
+    name: &str,
+) -> Result<(Session, Arc<Value>), Response> {
+    let (session, _) = d.page_session(request)?;
+    let job = job(d, &session, namespace, name)?;
+    Ok((session, job))
+}
+
 pub(crate) async fn page(
     State(d): State<Dashboard>,
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let (session, _) = match d.page_session(request) {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    let job = match job(&d, &session, &namespace, &name) {
-        Ok(j) => j,
+    let (session, job) = match session_and_job(&d, request, &namespace, &name) {
+        Ok(found) => found,
         Err(r) => return r,
     };
     let pods: Vec<Arc<Value>> = if d.allowed(

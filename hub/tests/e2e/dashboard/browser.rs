@@ -360,37 +360,21 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
     .await;
 
     // Suspend, then resume.
+    let suspend_of =
+        |name: &str| hub.kubectl_ok(&["get", "trainjob", name, "-o", "jsonpath={.spec.suspend}"]);
     click(&client, "#suspend").await;
     until("Suspended", &hub, &client, long, || async {
         (text(&client, "#job-state").await? == "Suspended").then_some(())
     })
     .await;
-    assert_eq!(
-        hub.kubectl_ok(&[
-            "get",
-            "trainjob",
-            "browser-follow",
-            "-o",
-            "jsonpath={.spec.suspend}"
-        ]),
-        "true"
-    );
+    assert_eq!(suspend_of("browser-follow"), "true");
     click(&client, "#resume").await;
     until("resumed", &hub, &client, long, || async {
         let state = text(&client, "#job-state").await?;
         (state != "Suspended").then_some(())
     })
     .await;
-    assert_eq!(
-        hub.kubectl_ok(&[
-            "get",
-            "trainjob",
-            "browser-follow",
-            "-o",
-            "jsonpath={.spec.suspend}"
-        ]),
-        "false"
-    );
+    assert_eq!(suspend_of("browser-follow"), "false");
 
     // The screenshot of the README: the table with both jobs.
     client

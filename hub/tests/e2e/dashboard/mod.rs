@@ -160,7 +160,6 @@ pub fn csrf_of(page: &str) -> String {
 /// in-process, as the benches and embedders do).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_hub_lets_go_of_its_store() {
-    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).expect("data dir");
@@ -168,25 +167,12 @@ async fn a_dropped_hub_lets_go_of_its_store() {
     std::fs::create_dir_all(crate::common::plugin_cache()).expect("plugin cache");
     std::os::unix::fs::symlink(crate::common::plugin_cache(), data.join("plugin-cache"))
         .expect("cache link");
-    let localhost = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
-    let config = trainhub::hub::Config {
-        data_dir: data,
-        listen: localhost,
-        tls_cert: dir.path().join("unused.crt"),
-        tls_key: dir.path().join("unused.key"),
-        client_ca: None,
-        token_file: None,
-        policy_file: None,
-        plugins_dir: None,
-        grpc_listen: None,
-        spoke_ca: None,
-        dispatch: Default::default(),
-        event_ttl: trainhub::controller::events::DEFAULT_TTL,
-        api_limits: Default::default(),
-        trainer_status: None,
-        plugin_sources: Default::default(),
-        dashboard: Default::default(),
-    };
+    // Opening reads no certificate; serving would.
+    let config = trainhub::hub::Config::local(
+        data,
+        dir.path().join("unused.crt"),
+        dir.path().join("unused.key"),
+    );
     for round in 0..2 {
         let hub = trainhub::hub::Hub::open(config.clone())
             .unwrap_or_else(|e| panic!("open #{round}: {e:#}"));
