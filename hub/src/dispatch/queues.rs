@@ -27,8 +27,9 @@ use super::core::{QueueRef, QueueState, QueuedJob, Want};
 use super::quota::{
     self, ClusterQueueStatus, FlavorUsage, LocalQueue, QuotaConfig, StopPolicy, Waiting,
 };
+use super::reports::trainjob_event;
 use super::writer::{Write, update_status};
-use super::{Dispatch, hash_of, job_key, lock, trainjob_event};
+use super::{Dispatch, hash_of, job_key, lock};
 use crate::api::TRAINJOBS;
 use crate::controller::lifecycle::{format_time, set_condition};
 use crate::kueue::workload::{self, Priority, WorkloadStatus};
