@@ -42,11 +42,15 @@ impl Dispatch {
                         namespace: job.namespace,
                         name: job.name,
                         pod_sets: pod_sets
-                            .into_iter()
+                            .iter()
                             .map(|p| pb::PodSet {
-                                name: p.name,
+                                name: p.name.clone(),
                                 count: p.count,
-                                requests_milli: p.requests_milli.into_iter().collect(),
+                                requests_milli: p
+                                    .requests_milli
+                                    .iter()
+                                    .map(|(k, v)| (k.clone(), *v))
+                                    .collect(),
                             })
                             .collect(),
                         trace_context: self.observe.offered(&run_id, &spoke, generation),

@@ -158,13 +158,13 @@ impl Dispatch {
                     // Computed meanwhile (say, by a call that started after
                     // one that was deferred): that step is done.
                     self.undefer(namespace, name, &uid, Step::Enforce);
-                    pod_sets.as_ref().clone()
+                    pod_sets
                 }
                 None => match self.compute_demand(object) {
                     Ok(d) => {
                         self.undefer(namespace, name, &uid, Step::Enforce);
-                        let pod_sets = d.pod_sets.clone();
-                        self.demand.insert(cache_key.clone(), Arc::new(d.pod_sets));
+                        let pod_sets: Arc<[PodSetDemand]> = d.pod_sets.into();
+                        self.demand.insert(cache_key.clone(), pod_sets.clone());
                         self.enforced.insert(cache_key, Arc::new(d.info));
                         pod_sets
                     }
@@ -199,7 +199,7 @@ impl Dispatch {
                             .stored_placement(namespace, name, &uid)
                             .is_some_and(|p| p.spoke.is_some())
                         {
-                            Vec::new()
+                            Arc::from([])
                         } else {
                             return None;
                         }
@@ -211,7 +211,7 @@ impl Dispatch {
                 },
             }
         } else {
-            Vec::new()
+            Arc::from([])
         };
         Some(JobInfo {
             key: job_key(namespace, name),

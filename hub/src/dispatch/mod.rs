@@ -255,7 +255,7 @@ pub struct Dispatch {
     logs: Mutex<HashMap<String, LogStream>>,
     /// Pod sets per TrainJob (uid, metadata.generation): what it queues
     /// with.
-    demand: moka::sync::Cache<(String, i64), Arc<Vec<PodSetDemand>>>,
+    demand: moka::sync::Cache<(String, i64), Arc<[PodSetDemand]>>,
     /// The enforced runtime info those pod sets came from, which Build
     /// starts from. It holds the runtime's templates (kilobytes per
     /// TrainJob), so only the most recently enforced are kept; a TrainJob

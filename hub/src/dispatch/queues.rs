@@ -856,7 +856,7 @@ mod tests {
                 hold: None,
                 drain: false,
             },
-            pod_sets: Vec::new(),
+            pod_sets: Vec::new().into(),
             state,
         }
     }

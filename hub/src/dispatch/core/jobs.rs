@@ -52,14 +52,16 @@ impl Dispatcher {
                     None => (0, Phase::Idle),
                 };
                 self.by_uid.insert(info.uid.clone(), key.clone());
-                self.jobs.entry(key.clone()).or_insert(Job {
-                    info,
-                    generation,
-                    phase,
-                    started_at: None,
-                    suspended: false,
-                    released: false,
-                    missed_heartbeats: 0,
+                self.jobs.entry(key.clone()).or_insert_with(|| {
+                    Box::new(Job {
+                        info,
+                        generation,
+                        phase,
+                        started_at: None,
+                        suspended: false,
+                        released: false,
+                        missed_heartbeats: 0,
+                    })
                 })
             }
         };

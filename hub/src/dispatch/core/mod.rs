@@ -133,7 +133,9 @@ impl Job {
 #[derive(Debug)]
 pub struct Dispatcher {
     config: Config,
-    jobs: HashMap<JobKey, Job>,
+    /// Boxed: a table sized for its jobs holds a pointer per slot, not a
+    /// whole job.
+    jobs: HashMap<JobKey, Box<Job>>,
     by_uid: HashMap<String, JobKey>,
     /// Queued jobs in dispatch order.
     queue: Queue,

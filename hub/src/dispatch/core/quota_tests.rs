@@ -78,7 +78,8 @@ fn managed(name: &str, cluster_queue: &str, cpu: i64, priority: i32, created: i6
             name: "node".into(),
             count: 1,
             requests_milli: [("cpu".to_string(), cpu)].into(),
-        }],
+        }]
+        .into(),
         want: Want::Run,
         queue: Some(QueueRef {
             local_queue: "lq".into(),
@@ -376,9 +377,11 @@ fn namespaces_queues_and_resources_that_cannot_be_admitted_say_why() {
     d.upsert_job(info, None, 0);
     assert_eq!(waiting_message(&d, "no-lq"), "LocalQueue lq doesn't exist");
     let mut info = managed("gpu", "open", 1000, 0, 0);
-    info.pod_sets[0]
+    let mut pod_sets = info.pod_sets.to_vec();
+    pod_sets[0]
         .requests_milli
         .insert("nvidia.com/gpu".into(), 1000);
+    info.pod_sets = pod_sets.into();
     d.upsert_job(info, None, 0);
     let w = d.waiting(&key("gpu")).unwrap();
     assert_eq!(w.reason, kueue::INADMISSIBLE);

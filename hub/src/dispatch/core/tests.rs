@@ -20,7 +20,8 @@ fn job(name: &str, cpu: i64, nodes: u32) -> JobInfo {
             name: "node".into(),
             count: nodes,
             requests_milli: [("cpu".to_string(), cpu)].into(),
-        }],
+        }]
+        .into(),
         want: Want::Run,
         queue: None,
     }

@@ -2,6 +2,7 @@
 //! placements, configuration, and the actions the runner carries out.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::Value;
 use trainhub_apiserver::selector::LabelSelector;
@@ -75,7 +76,9 @@ pub struct JobInfo {
     pub created: i64,
     /// Spokes whose labels match may take it; None: every spoke.
     pub selector: Option<LabelSelector>,
-    pub pod_sets: Vec<PodSetDemand>,
+    /// Shared with the dispatcher's cache of computed demands, the offers
+    /// and the queues' views: one copy per TrainJob generation.
+    pub pod_sets: Arc<[PodSetDemand]>,
     pub want: Want,
     /// The queue of a TrainJob labelled `kueue.x-k8s.io/queue-name`: it is
     /// admitted by quota before it is offered. None: not managed by quota,
@@ -202,7 +205,7 @@ pub enum Action {
         job: JobKey,
         run_id: String,
         generation: i64,
-        pod_sets: Vec<PodSetDemand>,
+        pod_sets: Arc<[PodSetDemand]>,
     },
     Withdraw {
         spoke: String,

@@ -31,7 +31,7 @@ pub struct QueuedJob {
     pub priority: i32,
     pub want: Want,
     pub queue: QueueRef,
-    pub pod_sets: Vec<PodSetDemand>,
+    pub pod_sets: std::sync::Arc<[PodSetDemand]>,
     pub state: QueueState,
 }
 
