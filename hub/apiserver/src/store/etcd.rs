@@ -533,8 +533,8 @@ struct Pending {
 
 /// Sends the commits that callers hand over, merging those waiting into
 /// one transaction, as redb's writer merges them into one write
-/// transaction: etcd's cost is per transaction (a raft entry, a write to
-/// its backend, a watch response) far more than per key.
+/// transaction: much of etcd's cost is per transaction (a request, a raft
+/// entry, a backend write, a watch response) rather than per key.
 ///
 /// Merged commits write disjoint keys, in the name of the same term (or
 /// none), within etcd's limits; they share one revision, as the writes of
