@@ -10,11 +10,13 @@
 //! `PREFIX` + `compact_rev_key`.
 //!
 //! # Guarantees
-//! - A commit is one etcd transaction: all its writes or none, at one
-//!   revision. Create compares `create_revision == 0`; Update and Delete
-//!   compare `mod_revision` with the expected resourceVersion (or that the
-//!   key exists); Put and Remove are unconditional. A refused commit names
-//!   the failing key.
+//! - A commit is all its writes or none, at one revision. Create compares
+//!   `create_revision == 0`; Update and Delete compare `mod_revision` with
+//!   the expected resourceVersion (or that the key exists); Put and Remove
+//!   are unconditional. A refused commit names the failing key.
+//! - Commits that wait while others are in flight go to etcd together, in
+//!   one transaction (see `committer`), and so share a revision; each
+//!   still succeeds or fails on its own preconditions.
 //! - A commit returns once this replica's watch cache has applied its
 //!   revision, so a replica never reads older than what it wrote, and its
 //!   reads never go back in time.
@@ -142,6 +144,8 @@ pub struct EtcdStore {
     prefix: String,
     cache: Arc<Cache>,
     options: EtcdOptions,
+    /// To the committer, which sends commits to etcd.
+    commits: tokio::sync::mpsc::UnboundedSender<Pending>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
@@ -228,14 +232,17 @@ impl EtcdStore {
         let registry = format!("{prefix}registry/");
         let (objects, rv) = load(&client, &registry, None).await?;
         let cache = Arc::new(Cache::new(objects, rv, VecDeque::new(), history));
+        let (commits, committing) = tokio::sync::mpsc::unbounded_channel();
         let store = EtcdStore {
             client: client.clone(),
             registry: registry.clone(),
             prefix: prefix.clone(),
             cache: cache.clone(),
             options: options.clone(),
+            commits,
             tasks: Mutex::new(Vec::new()),
         };
+        let committer = tokio::spawn(committer(client.clone(), committing));
         let follow = tokio::spawn(follow(
             client.clone(),
             registry,
@@ -243,7 +250,7 @@ impl EtcdStore {
             rv,
             options.progress_interval,
         ));
-        let mut tasks = vec![follow.abort_handle()];
+        let mut tasks = vec![follow.abort_handle(), committer.abort_handle()];
         if !options.compaction_interval.is_zero() {
             let compactor = tokio::spawn(compactor(
                 client,
@@ -291,6 +298,9 @@ impl EtcdStore {
         format!("{}{}", self.registry, key.encode())
     }
 
+    /// Checks `ops`, hands them to the committer (which may send them in
+    /// one etcd transaction with other callers' commits) and waits for its
+    /// answer, then for this replica's cache to apply the revision.
     async fn commit_in(
         &self,
         ops: Vec<Op>,
@@ -311,19 +321,25 @@ impl EtcdStore {
         }
         let mut compares = Vec::new();
         let mut writes = Vec::with_capacity(ops.len());
-        let mut reads = Vec::with_capacity(ops.len() + 1);
+        let mut reads = Vec::with_capacity(ops.len());
+        let mut bytes = 0;
         for op in &ops {
             let k = self.etcd_key(op.key());
+            bytes += k.len();
             match op {
                 Op::Create { value, .. } => {
                     compares.push(Compare::create_revision(k.clone(), CompareOp::Equal, 0));
-                    writes.push(TxnOp::put(k.clone(), encode(value)?, None));
+                    let value = encode(value)?;
+                    bytes += value.len();
+                    writes.push(TxnOp::put(k.clone(), value, None));
                 }
                 Op::Update {
                     value, expected, ..
                 } => {
                     compares.push(precondition(&k, *expected));
-                    writes.push(TxnOp::put(k.clone(), encode(value)?, None));
+                    let value = encode(value)?;
+                    bytes += value.len();
+                    writes.push(TxnOp::put(k.clone(), value, None));
                 }
                 Op::Delete { expected, .. } => {
                     compares.push(precondition(&k, *expected));
@@ -333,7 +349,9 @@ impl EtcdStore {
                     ));
                 }
                 Op::Put { value, .. } => {
-                    writes.push(TxnOp::put(k.clone(), encode(value)?, None));
+                    let value = encode(value)?;
+                    bytes += value.len();
+                    writes.push(TxnOp::put(k.clone(), value, None));
                 }
                 Op::Remove { .. } => writes.push(TxnOp::delete(
                     k.clone(),
@@ -342,60 +360,23 @@ impl EtcdStore {
             }
             reads.push(TxnOp::get(k, Some(GetOptions::new().with_keys_only())));
         }
-        if let Some(term) = term {
-            compares.push(Compare::create_revision(
-                term.key.clone(),
-                CompareOp::Equal,
-                etcd_rev(term.revision),
-            ));
-            reads.push(TxnOp::get(
-                term.key.clone(),
-                Some(GetOptions::new().with_keys_only()),
-            ));
-        }
-        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
-        let response = resend(|| {
-            let mut client = self.client.clone();
-            let txn = txn.clone();
-            async move { client.txn(txn).await }
-        })
-        .await
-        .map_err(|e| etcd_error("committing", e))?;
-        let revision = header_rev(response.header());
-        let answers = response.op_responses();
-        if !response.succeeded() {
-            return Err(refusal(&ops, term, &answers));
-        }
-        let mut results = Vec::with_capacity(ops.len());
-        let mut wrote = false;
-        for (op, answer) in ops.into_iter().zip(answers) {
-            match (op, answer) {
-                (
-                    Op::Create { key, mut value }
-                    | Op::Update { key, mut value, .. }
-                    | Op::Put { key, mut value },
-                    _,
-                ) => {
-                    wrote = true;
-                    set_rv(&mut value, revision);
-                    results.push(Object {
-                        key,
-                        rv: revision,
-                        value: Arc::new(value),
-                    });
-                }
-                (Op::Delete { key, .. } | Op::Remove { key }, TxnOpResponse::Delete(deleted)) => {
-                    wrote |= deleted.deleted() > 0;
-                    if let Some(prev) = deleted.prev_kvs().first()
-                        && let Some(object) = decode(&key, revision, prev.value())
-                    {
-                        results.push(object);
-                    }
-                }
-                _ => {}
-            }
-        }
-        if wrote {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let pending = Pending {
+            ops,
+            compares,
+            writes,
+            reads,
+            bytes,
+            term: term.cloned(),
+            reply,
+        };
+        self.commits
+            .send(pending)
+            .map_err(|_| StoreError::Storage("etcd store: the committer has stopped".into()))?;
+        let (results, revision) = answer.await.map_err(|_| {
+            StoreError::Storage("etcd store: the committer stopped before answering".into())
+        })??;
+        if let Some(revision) = revision {
             self.cache
                 .wait_for(revision, self.options.commit_timeout)
                 .await?;
@@ -477,10 +458,11 @@ fn precondition(key: &str, expected: Option<Rv>) -> Compare {
     }
 }
 
-/// Why a transaction was refused, from the keys read in its failure
-/// branch (at the same revision the compares were evaluated at): the first
-/// op whose precondition failed, else the fencing term.
-fn refusal(ops: &[Op], term: Option<&Term>, answers: &[TxnOpResponse]) -> StoreError {
+/// Why `ops` cannot commit, from their keys as read in a refused
+/// transaction's failure branch (`answers`, one per op, read at the
+/// revision the compares were evaluated at): the first op whose
+/// precondition fails; `None` when every one holds.
+fn refused(ops: &[Op], answers: &[TxnOpResponse]) -> Option<StoreError> {
     let current = |i: usize| -> Option<Rv> {
         match answers.get(i) {
             Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| rev(kv.mod_revision())),
@@ -490,8 +472,10 @@ fn refusal(ops: &[Op], term: Option<&Term>, answers: &[TxnOpResponse]) -> StoreE
     for (i, op) in ops.iter().enumerate() {
         let key = op.key().clone();
         match (op, current(i)) {
-            (Op::Create { .. }, Some(_)) => return StoreError::AlreadyExists(key),
-            (Op::Update { .. } | Op::Delete { .. }, None) => return StoreError::NotFound(key),
+            (Op::Create { .. }, Some(_)) => return Some(StoreError::AlreadyExists(key)),
+            (Op::Update { .. } | Op::Delete { .. }, None) => {
+                return Some(StoreError::NotFound(key));
+            }
             (
                 Op::Update {
                     expected: Some(expected),
@@ -503,21 +487,266 @@ fn refusal(ops: &[Op], term: Option<&Term>, answers: &[TxnOpResponse]) -> StoreE
                 },
                 Some(current),
             ) if *expected != current => {
-                return StoreError::Conflict {
+                return Some(StoreError::Conflict {
                     key,
                     expected: *expected,
                     current,
-                };
+                });
             }
             _ => {}
         }
     }
-    match term {
-        Some(term) => StoreError::Fenced(term.revision),
-        None => {
-            StoreError::Storage("etcd refused the transaction, yet every precondition holds".into())
+    None
+}
+
+/// Commits sent to etcd at once. While they are in flight, the commits
+/// that arrive wait, and go together in the next transaction.
+const COMMITS_IN_FLIGHT: usize = 2;
+/// Operations of commits merged into one transaction: etcd refuses more
+/// than 128 compares, or writes, or reads in a failure branch (its default
+/// `--max-txn-ops`), and the fencing term takes one compare and one read.
+const MERGED_OPS: usize = 127;
+/// Bytes of keys and values merged into one transaction, under etcd's
+/// default `--max-request-bytes` (1.5 MiB).
+const MERGED_BYTES: usize = 1 << 20;
+
+/// What a commit gets back from the committer: the stored objects, and the
+/// revision to wait for when it wrote.
+type Committed = Result<(Vec<Object>, Option<Rv>), StoreError>;
+
+/// One commit on its way to etcd: its ops, checked, and its part of a
+/// transaction.
+struct Pending {
+    ops: Vec<Op>,
+    /// One per Create, Update and Delete.
+    compares: Vec<Compare>,
+    /// One per op.
+    writes: Vec<TxnOp>,
+    /// One per op: the key (no value), for saying why a transaction was
+    /// refused.
+    reads: Vec<TxnOp>,
+    /// Its keys and values.
+    bytes: usize,
+    term: Option<Term>,
+    reply: tokio::sync::oneshot::Sender<Committed>,
+}
+
+/// Sends the commits that callers hand over, merging those waiting into
+/// one transaction, as redb's writer merges them into one write
+/// transaction: much of etcd's cost is per transaction (a request, a raft
+/// entry, a backend write, a watch response) rather than per key.
+///
+/// Merged commits write disjoint keys, in the name of the same term (or
+/// none), within etcd's limits; they share one revision, as the writes of
+/// one commit always have (a watch resumed from a revision of several
+/// changes replays all of them, see [`Cache::watch`]). A merged
+/// transaction whose compares fail answers, from the keys it read, the
+/// commits whose own preconditions (or term) fail with their error, as
+/// each would have been refused alone at that revision, and sends the
+/// others again: one conflicting commit never fails its neighbours.
+async fn committer(client: Client, mut commits: tokio::sync::mpsc::UnboundedReceiver<Pending>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(COMMITS_IN_FLIGHT));
+    let mut waiting: VecDeque<Pending> = VecDeque::new();
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        if waiting.is_empty() {
+            match commits.recv().await {
+                Some(pending) => waiting.push_back(pending),
+                None => return,
+            }
+        }
+        while let Ok(pending) = commits.try_recv() {
+            waiting.push_back(pending);
+        }
+        let batch = take_batch(&mut waiting);
+        if batch.is_empty() {
+            continue;
+        }
+        let client = client.clone();
+        tokio::spawn(async move {
+            send(&client, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+/// The first waiting commit and those after it that can go in the same
+/// transaction; the rest stay waiting, in order. A commit that shares a key
+/// with one taken (or with one left waiting before it) stays, so commits of
+/// one key go in the order they came. Commits whose callers have gone are
+/// dropped.
+fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
+    waiting.retain(|p| !p.reply.is_closed());
+    let Some(first) = waiting.pop_front() else {
+        return Vec::new();
+    };
+    let mut keys: std::collections::HashSet<Key> =
+        first.ops.iter().map(|op| op.key().clone()).collect();
+    let mut blocked: std::collections::HashSet<Key> = std::collections::HashSet::new();
+    let (mut ops, mut bytes) = (first.ops.len(), first.bytes);
+    let mut batch = vec![first];
+    let mut i = 0;
+    while i < waiting.len() && ops < MERGED_OPS {
+        let p = &waiting[i];
+        let fits = p.term == batch[0].term
+            && ops + p.ops.len() <= MERGED_OPS
+            && bytes + p.bytes <= MERGED_BYTES
+            && p.ops
+                .iter()
+                .all(|op| !keys.contains(op.key()) && !blocked.contains(op.key()));
+        if !fits {
+            blocked.extend(p.ops.iter().map(|op| op.key().clone()));
+            i += 1;
+            continue;
+        }
+        if let Some(p) = waiting.remove(i) {
+            ops += p.ops.len();
+            bytes += p.bytes;
+            keys.extend(p.ops.iter().map(|op| op.key().clone()));
+            batch.push(p);
         }
     }
+    batch
+}
+
+/// Commits `batch` (disjoint keys, one term) and answers each caller.
+async fn send(client: &Client, batch: Vec<Pending>) {
+    let mut rounds = vec![batch];
+    while let Some(batch) = rounds.pop() {
+        let tried = batch.len();
+        let rest = attempt(client, batch).await;
+        if rest.len() < tried {
+            // Some were answered: the rest go together again.
+            if !rest.is_empty() {
+                rounds.push(rest);
+            }
+        } else {
+            // None could be told apart (not expected): each alone.
+            rounds.extend(rest.into_iter().map(|p| vec![p]));
+        }
+    }
+}
+
+/// One transaction of `batch`'s commits. Answers those it committed or
+/// that are refused, and returns the others: those a neighbour's failed
+/// compare held back.
+async fn attempt(client: &Client, batch: Vec<Pending>) -> Vec<Pending> {
+    let term = batch.first().and_then(|p| p.term.clone());
+    let mut compares = Vec::new();
+    let mut writes = Vec::new();
+    let mut reads = Vec::new();
+    for p in &batch {
+        compares.extend(p.compares.iter().cloned());
+        writes.extend(p.writes.iter().cloned());
+        reads.extend(p.reads.iter().cloned());
+    }
+    if let Some(term) = &term {
+        compares.push(Compare::create_revision(
+            term.key.clone(),
+            CompareOp::Equal,
+            etcd_rev(term.revision),
+        ));
+        reads.push(TxnOp::get(
+            term.key.clone(),
+            Some(GetOptions::new().with_keys_only()),
+        ));
+    }
+    let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
+    let response = match resend(|| {
+        let mut client = client.clone();
+        let txn = txn.clone();
+        async move { client.txn(txn).await }
+    })
+    .await
+    {
+        Ok(response) => response,
+        Err(e) => {
+            let e = etcd_error("committing", e);
+            for p in batch {
+                let _ = p.reply.send(Err(e.clone()));
+            }
+            return Vec::new();
+        }
+    };
+    let revision = header_rev(response.header());
+    let answers = response.op_responses();
+    // Each commit's answers, in order.
+    let mut parts = Vec::with_capacity(batch.len());
+    let mut offset = 0;
+    for p in &batch {
+        parts.push(
+            answers
+                .get(offset..offset + p.ops.len())
+                .unwrap_or_default(),
+        );
+        offset += p.ops.len();
+    }
+    if response.succeeded() {
+        for (p, answers) in batch.into_iter().zip(parts) {
+            let _ = p.reply.send(Ok(stored(p.ops, answers, revision)));
+        }
+        return Vec::new();
+    }
+    let fenced = term.as_ref().and_then(|term| {
+        let current = match answers.last() {
+            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        };
+        (current != Some(etcd_rev(term.revision))).then_some(StoreError::Fenced(term.revision))
+    });
+    let alone = batch.len() == 1;
+    let mut rest = Vec::new();
+    for (p, answers) in batch.into_iter().zip(parts) {
+        match refused(&p.ops, answers).or_else(|| fenced.clone()) {
+            Some(e) => {
+                let _ = p.reply.send(Err(e));
+            }
+            None if alone => {
+                let _ = p.reply.send(Err(StoreError::Storage(
+                    "etcd refused the transaction, yet every precondition holds".into(),
+                )));
+            }
+            None => rest.push(p),
+        }
+    }
+    rest
+}
+
+/// What a committed commit's caller gets: the stored objects (for a
+/// deletion, the last state) and the revision, if it wrote.
+fn stored(ops: Vec<Op>, answers: &[TxnOpResponse], revision: Rv) -> (Vec<Object>, Option<Rv>) {
+    let mut results = Vec::with_capacity(ops.len());
+    let mut wrote = false;
+    for (op, answer) in ops.into_iter().zip(answers) {
+        match (op, answer) {
+            (
+                Op::Create { key, mut value }
+                | Op::Update { key, mut value, .. }
+                | Op::Put { key, mut value },
+                _,
+            ) => {
+                wrote = true;
+                set_rv(&mut value, revision);
+                results.push(Object {
+                    key,
+                    rv: revision,
+                    value: Arc::new(value),
+                });
+            }
+            (Op::Delete { key, .. } | Op::Remove { key }, TxnOpResponse::Delete(deleted)) => {
+                wrote |= deleted.deleted() > 0;
+                if let Some(prev) = deleted.prev_kvs().first()
+                    && let Some(object) = decode(&key, revision, prev.value())
+                {
+                    results.push(object);
+                }
+            }
+            _ => {}
+        }
+    }
+    (results, wrote.then_some(revision))
 }
 
 /// The object's JSON as stored: without `metadata.resourceVersion`.
@@ -1192,6 +1421,88 @@ mod tests {
             .commit(vec![create("c")])
             .await
             .expect("unfenced writes go on");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_commits_share_transactions_and_keep_their_own_answers() {
+        let Some((_dir, etcd)) = cluster(3) else {
+            return;
+        };
+        let store = open(&etcd, "/merged/").await;
+        let rvs = suite::concurrent_commits_each_get_their_own_answer(&*store).await;
+        assert!(
+            rvs.len() < 42,
+            "42 commits that succeeded together took {} transactions",
+            rvs.len()
+        );
+        // A second replica sees every object at the revision its writer got.
+        let other = open(&etcd, "/merged/").await;
+        let (items, _) = other.list(JOBS, None);
+        assert_eq!(items.len(), 43);
+        for item in items {
+            assert_eq!(store.get(&item.key).map(|o| o.rv), Some(item.rv));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn merged_commits_keep_their_own_terms() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/terms/").await;
+        let mut client = store.client();
+        let first = client.lease_grant(60, None).await.expect("lease").id();
+        let campaign = client
+            .campaign("/terms/leader", "r1", first)
+            .await
+            .expect("campaign");
+        let leader = campaign.leader().expect("leader key");
+        let term = Term {
+            key: String::from_utf8(leader.key().to_vec()).expect("utf-8"),
+            revision: rev(leader.rev()),
+        };
+        let fenced = store.clone().fenced(term.clone());
+        fenced.commit(vec![create("taken")]).await.expect("taken");
+        // While the term holds: one refusal among many commits.
+        let names: Vec<String> = (0..20)
+            .map(|i| format!("a{i}"))
+            .chain(["taken".to_string()])
+            .collect();
+        let answers =
+            futures_util::future::join_all(names.iter().map(|n| fenced.commit(vec![create(n)])))
+                .await;
+        for (name, answer) in names.iter().zip(answers) {
+            match name.as_str() {
+                "taken" => assert_eq!(answer.unwrap_err(), StoreError::AlreadyExists(key(name))),
+                _ => assert_eq!(answer.expect("created")[0].key, key(name)),
+            }
+        }
+        // Another replica leads: the old term's commits are all fenced,
+        // unfenced commits sent alongside them are not.
+        client.lease_revoke(first).await.expect("revoke");
+        let second = client.lease_grant(60, None).await.expect("lease").id();
+        client
+            .campaign("/terms/leader", "r2", second)
+            .await
+            .expect("another replica leads");
+        let mut commits = Vec::new();
+        for i in 0..20 {
+            let (view, name): (&dyn Store, String) = if i % 2 == 0 {
+                (&*fenced, format!("b{i}"))
+            } else {
+                (&*store, format!("c{i}"))
+            };
+            commits.push(async move { (name.clone(), view.commit(vec![create(&name)]).await) });
+        }
+        for (name, answer) in futures_util::future::join_all(commits).await {
+            if name.starts_with('b') {
+                assert_eq!(answer.unwrap_err(), StoreError::Fenced(term.revision));
+                assert!(store.get(&key(&name)).is_none(), "{name} written");
+            } else {
+                answer.expect("unfenced writes go on");
+                assert!(store.get(&key(&name)).is_some());
+            }
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -332,6 +332,127 @@ pub(crate) async fn keys_that_would_read_back_as_others_are_refused(store: &dyn 
     assert_eq!(store.revision(), before);
 }
 
+/// Many commits at once, some of them conflicting with each other or
+/// with what is stored: each caller gets its own answer, what succeeded is
+/// stored, and a watch from any resourceVersion in between misses none of
+/// it. Returns the resourceVersions of the successful commits.
+pub(crate) async fn concurrent_commits_each_get_their_own_answer(store: &dyn Store) -> Vec<Rv> {
+    let before = store.commit(vec![create("taken")]).await.expect("taken")[0].rv;
+    let name = |i: usize| format!("n{i:02}");
+    let mut commits: Vec<Vec<Op>> = Vec::new();
+    // 40 new names, the first ten of them twice: one of each pair wins.
+    for i in (0..40).chain(0..10) {
+        commits.push(vec![create(&name(i))]);
+    }
+    // A stored name, and a stale update of it.
+    for _ in 0..5 {
+        commits.push(vec![create("taken")]);
+        commits.push(vec![Op::Update {
+            key: key("taken"),
+            value: job("taken"),
+            expected: Some(before + 1000),
+        }]);
+    }
+    // Pairs that share one key: one pair wins, the others write nothing.
+    for i in 0..5 {
+        commits.push(vec![create(&format!("p{i}")), create("shared")]);
+    }
+    let answers =
+        futures_util::future::join_all(commits.iter().map(|ops| store.commit(ops.clone()))).await;
+    let mut won = std::collections::BTreeMap::new();
+    let mut shared = 0;
+    for (ops, answer) in commits.iter().zip(&answers) {
+        let first = ops[0].key().clone();
+        match (ops.len(), &ops[0], answer) {
+            (1, Op::Create { .. }, Ok(objects)) if first.name != "taken" => {
+                assert_eq!(objects.len(), 1);
+                assert_eq!(objects[0].key, first);
+                assert_eq!(
+                    objects[0].value["metadata"]["resourceVersion"],
+                    objects[0].rv.to_string()
+                );
+                assert!(
+                    won.insert(first.name.clone(), objects[0].rv).is_none(),
+                    "{first}: created twice"
+                );
+            }
+            (1, Op::Create { .. }, Err(e)) => {
+                assert_eq!(e, &StoreError::AlreadyExists(first.clone()));
+                assert!(
+                    first.name == "taken" || name_index(&first.name) < 10,
+                    "{first}: {e}"
+                );
+            }
+            (1, Op::Update { .. }, Err(e)) => assert_eq!(
+                e,
+                &StoreError::Conflict {
+                    key: key("taken"),
+                    expected: before + 1000,
+                    current: before,
+                }
+            ),
+            (2, _, Ok(objects)) => {
+                shared += 1;
+                assert_eq!(objects.len(), 2);
+                assert_eq!(objects[0].key, first);
+                for object in objects {
+                    assert!(won.insert(object.key.name.clone(), object.rv).is_none());
+                }
+            }
+            (2, _, Err(e)) => {
+                assert_eq!(e, &StoreError::AlreadyExists(key("shared")));
+                assert!(store.get(&first).is_none(), "{first}: half a commit stored");
+            }
+            _ => panic!("{ops:?}: unexpected {answer:?}"),
+        }
+    }
+    assert_eq!(shared, 1, "exactly one pair creates the shared key");
+    assert_eq!(won.len(), 40 + 2);
+    for (name, rv) in &won {
+        let stored = store.get(&key(name)).expect("stored");
+        assert_eq!(stored.rv, *rv, "{name}");
+    }
+    assert_eq!(store.get(&key("taken")).expect("taken").rv, before);
+    // From before the burst: every change once. From any revision of it:
+    // every later change (those of that revision may come again).
+    let mut rvs: Vec<Rv> = won.values().copied().collect();
+    rvs.sort_unstable();
+    rvs.dedup();
+    for since in std::iter::once(before).chain(rvs.iter().copied()) {
+        let watch = store
+            .watch(JOBS, Some("default"), Some(since))
+            .expect("watch");
+        let mut replayed: Vec<(String, Rv)> = watch
+            .replay
+            .iter()
+            .map(|e| {
+                assert_eq!(e.kind, EventType::Added);
+                (e.object.key.name.clone(), e.object.rv)
+            })
+            .collect();
+        if since == before {
+            let all: Vec<(String, Rv)> = won.iter().map(|(n, rv)| (n.clone(), *rv)).collect();
+            replayed.sort();
+            assert_eq!(replayed, all, "each change once");
+            continue;
+        }
+        for (name, rv) in &won {
+            if *rv > since {
+                assert!(
+                    replayed.contains(&(name.clone(), *rv)),
+                    "a watch from {since} misses {name} at {rv}"
+                );
+            }
+        }
+        assert!(replayed.iter().all(|(_, rv)| *rv >= since));
+    }
+    rvs
+}
+
+fn name_index(name: &str) -> usize {
+    name.trim_start_matches('n').parse().unwrap_or(usize::MAX)
+}
+
 /// Every behaviour above but compaction, each on a fresh store from `open`.
 pub(crate) async fn run_all<F, Fut, S>(open: F)
 where
@@ -345,4 +466,5 @@ where
     watches_replay_then_follow(&*open().await).await;
     values_read_back_exactly(&*open().await).await;
     keys_that_would_read_back_as_others_are_refused(&*open().await).await;
+    concurrent_commits_each_get_their_own_answer(&*open().await).await;
 }
