@@ -37,7 +37,8 @@
 //! `jobs.rs` (TrainJob events), `answers.rs` (answers of spokes and of the
 //! store), `spokes.rs` (spoke events), `timers.rs` (time passing),
 //! `quota.rs` (quota in dispatch), `quota_status.rs` (read-only views of
-//! quota: why a job waits, queue status numbers). This file: the
+//! quota: why a job waits, queue status numbers), `workloads.rs` (the
+//! jobs of queues as their Workloads show them). This file: the
 //! dispatcher's state and its read-only queries.
 
 mod answers;
