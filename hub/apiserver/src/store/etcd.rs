@@ -1357,16 +1357,8 @@ mod tests {
         };
         let store = open(&etcd, "/chunks/").await;
         let mut client = store.client();
-        let lease = client.lease_grant(60, None).await.expect("lease").id();
-        let campaign = client
-            .campaign("/chunks/leader", "r1", lease)
-            .await
-            .expect("campaign");
-        let leader = campaign.leader().expect("leader key");
-        let fenced = store.clone().fenced(Term {
-            key: String::from_utf8(leader.key().to_vec()).expect("utf-8"),
-            revision: rev(leader.rev()),
-        });
+        let (_, term) = lead(&mut client, "/chunks/leader", "r1").await;
+        let fenced = store.clone().fenced(term);
         let chunk: Vec<Op> = (0..crate::store::MAX_COMMIT_OPS)
             .map(|i| create(&format!("c{i}")))
             .collect();
@@ -1378,16 +1370,12 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_fenced_commit_fails_once_another_replica_leads() {
-        let Some((_dir, etcd)) = cluster(1) else {
-            return;
-        };
-        let store = open(&etcd, "/fence/").await;
-        let mut client = store.client();
-        let first = client.lease_grant(60, None).await.expect("lease").id();
+    /// Campaigns for `election` as `name` on a new lease: the lease and the
+    /// term it leads.
+    async fn lead(client: &mut etcd_client::Client, election: &str, name: &str) -> (i64, Term) {
+        let lease = client.lease_grant(60, None).await.expect("lease").id();
         let campaign = client
-            .campaign("/fence/leader", "r1", first)
+            .campaign(election, name, lease)
             .await
             .expect("campaign");
         let leader = campaign.leader().expect("leader key");
@@ -1395,6 +1383,17 @@ mod tests {
             key: String::from_utf8(leader.key().to_vec()).expect("utf-8"),
             revision: rev(leader.rev()),
         };
+        (lease, term)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fenced_commit_fails_once_another_replica_leads() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/fence/").await;
+        let mut client = store.client();
+        let (first, term) = lead(&mut client, "/fence/leader", "r1").await;
         let fenced = store.clone().fenced(term.clone());
         fenced
             .commit(vec![create("a")])
@@ -1406,11 +1405,7 @@ mod tests {
             "other refusals are reported as they are"
         );
         client.lease_revoke(first).await.expect("revoke");
-        let second = client.lease_grant(60, None).await.expect("lease").id();
-        client
-            .campaign("/fence/leader", "r2", second)
-            .await
-            .expect("another replica leads");
+        lead(&mut client, "/fence/leader", "r2").await;
         assert_eq!(
             fenced.commit(vec![create("b")]).await.unwrap_err(),
             StoreError::Fenced(term.revision)
@@ -1451,16 +1446,7 @@ mod tests {
         };
         let store = open(&etcd, "/terms/").await;
         let mut client = store.client();
-        let first = client.lease_grant(60, None).await.expect("lease").id();
-        let campaign = client
-            .campaign("/terms/leader", "r1", first)
-            .await
-            .expect("campaign");
-        let leader = campaign.leader().expect("leader key");
-        let term = Term {
-            key: String::from_utf8(leader.key().to_vec()).expect("utf-8"),
-            revision: rev(leader.rev()),
-        };
+        let (first, term) = lead(&mut client, "/terms/leader", "r1").await;
         let fenced = store.clone().fenced(term.clone());
         fenced.commit(vec![create("taken")]).await.expect("taken");
         // While the term holds: one refusal among many commits.
@@ -1480,11 +1466,7 @@ mod tests {
         // Another replica leads: the old term's commits are all fenced,
         // unfenced commits sent alongside them are not.
         client.lease_revoke(first).await.expect("revoke");
-        let second = client.lease_grant(60, None).await.expect("lease").id();
-        client
-            .campaign("/terms/leader", "r2", second)
-            .await
-            .expect("another replica leads");
+        lead(&mut client, "/terms/leader", "r2").await;
         let mut commits = Vec::new();
         for i in 0..20 {
             let (view, name): (&dyn Store, String) = if i % 2 == 0 {
