@@ -171,8 +171,7 @@ impl LogSource for ReplicaLogs {
         container: Option<&str>,
         follow: bool,
         tail_lines: Option<i64>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>
-    {
+    ) -> trainhub_apiserver::server::LogsFuture {
         let leading = self.current.borrow().clone();
         if let Some(dispatch) = leading {
             let result = dispatch.open_logs(pod, container, follow, tail_lines);

@@ -230,8 +230,7 @@ impl LogSource for SpokeLogs {
         container: Option<&str>,
         follow: bool,
         tail_lines: Option<i64>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>
-    {
+    ) -> trainhub_apiserver::server::LogsFuture {
         let result = self.0.open_logs(pod, container, follow, tail_lines);
         Box::pin(async move { result })
     }
@@ -249,8 +248,7 @@ impl LogSource for LeaderLogs {
         container: Option<&str>,
         follow: bool,
         tail_lines: Option<i64>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>
-    {
+    ) -> trainhub_apiserver::server::LogsFuture {
         let current = self.0.borrow().clone();
         let result = match current {
             Some(dispatch) => dispatch.open_logs(pod, container, follow, tail_lines),

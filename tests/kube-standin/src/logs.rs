@@ -5,8 +5,6 @@
 //! simulator. A pod that has not started yet answers 400 as the kubelet
 //! does; `follow` keeps the stream open until the pod terminates or goes.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -44,7 +42,7 @@ impl LogSource for SimulatedLogs {
         container: Option<&str>,
         follow: bool,
         tail_lines: Option<i64>,
-    ) -> Pin<Box<dyn Future<Output = Result<ByteStream, ApiError>> + Send>> {
+    ) -> trainhub_apiserver::server::LogsFuture {
         let pod = pod.clone();
         let container = container.map(str::to_string);
         let store = self.store.clone();

@@ -24,7 +24,7 @@ use axum::routing::get;
 use serde_json::Value;
 
 pub use self::inflight::RequestLimits;
-pub use self::request::{ByteStream, LogSource};
+pub use self::request::{ByteStream, LogSource, LogsFuture};
 use crate::admission::{self, Admission};
 use crate::auth::{self, Authenticator, Authorizer};
 use crate::patch::{BuiltinListKeys, ListKeys, SchemaListKeys};

@@ -405,6 +405,10 @@ impl IntoResponse for ApiError {
 pub type ByteStream = Pin<Box<dyn Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send>>;
 
 /// Where pod logs come from: the spokes, through the hub.
+/// What [`LogSource::logs`] returns: the log's byte stream, once open.
+pub type LogsFuture =
+    Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>;
+
 pub trait LogSource: Send + Sync + 'static {
     /// The log of `container` (or the pod's only/first container) of a pod
     /// the store holds. `follow` keeps the stream open while the pod runs.
@@ -414,7 +418,7 @@ pub trait LogSource: Send + Sync + 'static {
         container: Option<&str>,
         follow: bool,
         tail_lines: Option<i64>,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<ByteStream, ApiError>> + Send>>;
+    ) -> LogsFuture;
 }
 
 /// A streamed response body.
