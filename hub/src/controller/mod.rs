@@ -70,10 +70,7 @@ async fn lifecycle_pass(store: &dyn Store) {
                 }
             }
             event = watch.live.recv() => match event {
-                Ok(event) if event.object.rv > watch.replayed_up_to && watch.matches(&event) => {
-                    reconcile_key(store, &event.object.key, &mut timers).await;
-                }
-                Ok(_) => {}
+                Ok(event) => reconcile_key(store, &event.object.key, &mut timers).await,
                 Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
             },
         }

@@ -449,7 +449,7 @@ pub(crate) async fn live(State(d): State<Dashboard>, request: Request) -> Respon
 }
 
 fn row_events(
-    live: tokio::sync::broadcast::Receiver<Arc<trainhub_apiserver::store::Event>>,
+    live: trainhub_apiserver::store::Live,
     scope: Scope,
     filter: Filter,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
@@ -468,7 +468,7 @@ fn row_events(
                     Ok(Ok(event)) => event,
                 };
                 let key = &event.object.key;
-                if key.resource != TRAINJOBS || !scope.contains(&key.namespace) {
+                if !scope.contains(&key.namespace) {
                     continue;
                 }
                 let id = view::row_id(&key.namespace, &key.name);

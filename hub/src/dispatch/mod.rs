@@ -576,10 +576,7 @@ impl Dispatch {
         self.loaded.send_replace(true);
         loop {
             match watch.live.recv().await {
-                Ok(event) if event.object.rv > watch.replayed_up_to && watch.matches(&event) => {
-                    self.on_event(&event);
-                }
-                Ok(_) => {}
+                Ok(event) => self.on_event(&event),
                 Err(_) => return,
             }
         }

@@ -490,8 +490,8 @@ impl Dispatch {
     pub(super) async fn follow_queues(self: Arc<Self>) {
         use tokio::sync::broadcast::error::{RecvError, TryRecvError};
         loop {
-            let mut watch = match self.store.watch(CLUSTER_QUEUES, None, None) {
-                Ok(w) => w,
+            let mut watch = match self.store.watch(QUOTA_RESOURCES[0], None, None) {
+                Ok(w) => w.also(&QUOTA_RESOURCES[1..]),
                 Err(e) => {
                     tracing::warn!(error = %e, "dispatch: watching quota objects");
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -500,13 +500,9 @@ impl Dispatch {
             };
             self.reload_queues();
             loop {
-                let relevant = match watch.live.recv().await {
-                    Ok(event) => QUOTA_RESOURCES.contains(&event.object.key.resource.as_str()),
-                    Err(RecvError::Lagged(_)) => true,
+                match watch.live.recv().await {
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => break,
-                };
-                if !relevant {
-                    continue;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 loop {

@@ -435,7 +435,7 @@ impl ObjectPlugins {
                 }
                 tokio::select! {
                     event = watch.live.recv() => match event {
-                        Ok(e) => changed = watch.matches(&e),
+                        Ok(_) => changed = true,
                         // Lagged or closed: list again.
                         Err(_) => break,
                     },

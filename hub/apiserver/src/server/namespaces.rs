@@ -144,10 +144,7 @@ impl Server {
                         None => std::future::pending().await,
                     }
                 } => match event {
-                    // The feed carries every resource's events: only a
-                    // namespace's change is a reason to look again.
-                    Ok(event) if watch.as_ref().is_some_and(|w| w.matches(&event)) => {}
-                    Ok(_) => continue,
+                    Ok(_) => {}
                     // Behind: follow again from now (this pass lists anyway).
                     Err(RecvError::Lagged(_)) => watch = self.store.watch(NAMESPACES, None, None).ok(),
                     // The store is closing: the ticker alone from now on.

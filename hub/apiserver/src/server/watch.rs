@@ -127,11 +127,6 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
                         if event.object.rv <= watch.replayed_up_to.max(since) {
                             continue;
                         }
-                        if event.object.key.resource != resource
-                            || namespace.as_deref().is_some_and(|ns| ns != event.object.key.namespace)
-                        {
-                            continue;
-                        }
                         if !w.send_event(&event).await {
                             return;
                         }

@@ -17,7 +17,10 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Event, EventType, Key, Object, RawObject, Rv, StoreError, Watch, matches_scope};
+use super::{
+    Event, EventType, Key, Live, LiveChange, Object, RawObject, Rv, StoreError, Watch,
+    matches_scope,
+};
 
 /// Live events a watcher may lag behind before its watch is ended.
 const LIVE_BUFFER: usize = 65_536;
@@ -44,7 +47,7 @@ pub(crate) struct Change {
     pub rv: Rv,
     pub bytes: Arc<[u8]>,
     /// The decoded object with `rv` stamped, when the writer has it at hand
-    /// (saves decoding it for the live feed and for the next read).
+    /// (keeps an object read before fresh in the decoded cache).
     pub value: Option<Arc<Value>>,
 }
 
@@ -54,7 +57,7 @@ struct State {
     /// later revision the source reported as complete.
     rv: Rv,
     history: VecDeque<Change>,
-    live: broadcast::Sender<Arc<Event>>,
+    live: broadcast::Sender<Arc<LiveChange>>,
 }
 
 /// The in-memory side of a store. Writers (one per store) call
@@ -117,18 +120,9 @@ impl Cache {
     }
 
     /// Applies changes (in revision order, all newer than what was applied
-    /// before) and moves the cache to `rv`, then feeds the live watches.
+    /// before) and moves the cache to `rv`, then feeds the live watches
+    /// (encoded: see [`Live`]).
     pub fn apply(&self, changes: Vec<Change>, rv: Rv) {
-        let mut changes = changes;
-        // Decoded for the live feed before the lock is taken, so readers
-        // wait for the index update only.
-        if self.read().live.receiver_count() > 0 {
-            for change in &mut changes {
-                if change.value.is_none() {
-                    change.value = decode(&change.key, change.rv, &change.bytes).map(|o| o.value);
-                }
-            }
-        }
         let mut s = self.write();
         let mut events = Vec::new();
         let watched = s.live.receiver_count() > 0;
@@ -160,20 +154,13 @@ impl Cache {
                 }
             }
             if watched {
-                let value = match change.value.take() {
-                    Some(v) => Some(v),
-                    None => decode(&change.key, change.rv, &change.bytes).map(|o| o.value),
-                };
-                if let Some(value) = value {
-                    events.push(Arc::new(Event {
-                        kind: change.kind,
-                        object: Object {
-                            key: change.key.clone(),
-                            rv: change.rv,
-                            value,
-                        },
-                    }));
-                }
+                events.push(Arc::new(LiveChange {
+                    kind: change.kind,
+                    key: change.key.clone(),
+                    rv: change.rv,
+                    bytes: change.bytes.clone(),
+                    event: std::sync::OnceLock::new(),
+                }));
             }
             change.value = None;
             // A change the source reports late (below a revision it said was
@@ -370,10 +357,13 @@ impl Cache {
         };
         Ok(Watch {
             replay,
-            live,
+            live: Live {
+                rx: live,
+                resources: vec![resource.to_string()],
+                namespace: namespace.map(str::to_string),
+                after: s.rv,
+            },
             replayed_up_to: s.rv,
-            resource: resource.to_string(),
-            namespace: namespace.map(str::to_string),
         })
     }
 }
@@ -474,6 +464,62 @@ mod tests {
         // A revision of one change is not sent again.
         assert_eq!(names(1), ["b", "c", "a"]);
         assert!(names(3).is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_live_feed_sends_a_watch_its_scope_decoded_once_for_all_watchers() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        let mut one = cache
+            .watch("r", Some("ns"), None)
+            .expect("watch")
+            .also(&["q"]);
+        let mut two = cache.watch("r", Some("ns"), None).expect("watch");
+        let in_ns = |resource: &str, name: &str, rv: Rv| {
+            let mut c = change(EventType::Added, name, rv, 1);
+            c.key = Key::new(resource, Some("ns"), name);
+            c
+        };
+        let mut elsewhere = change(EventType::Added, "x", 2, 1);
+        elsewhere.key = Key::new("r", Some("other"), "x");
+        // Bytes that do not decode, of a resource nobody watches: skipped
+        // without a decode.
+        let mut unwatched = in_ns("z", "z", 4);
+        unwatched.bytes = Arc::from(&b"not json"[..]);
+        cache.apply(
+            vec![
+                in_ns("r", "a", 1),
+                elsewhere,
+                in_ns("q", "b", 3),
+                unwatched,
+                in_ns("r", "c", 5),
+            ],
+            5,
+        );
+        let mut names = Vec::new();
+        while let Ok(event) = one.live.try_recv() {
+            names.push(format!(
+                "{}/{}",
+                event.object.key.resource, event.object.key.name
+            ));
+        }
+        assert_eq!(names, ["r/a", "q/b", "r/c"]);
+        let first = two.live.try_recv().expect("r/a");
+        assert_eq!(first.object.value["metadata"]["resourceVersion"], "1");
+        let again = cache.watch("r", Some("ns"), Some(0)).expect("replay");
+        assert_eq!(
+            again.replay.len(),
+            2,
+            "the replay holds the first resource's events"
+        );
+        // Decoded once: both watchers received the same event.
+        let mut three = cache.watch("r", None, None).expect("watch");
+        cache.apply(vec![in_ns("r", "d", 6)], 6);
+        let (a, b) = (
+            three.live.try_recv().expect("d"),
+            two.live.try_recv().expect("c"),
+        );
+        assert_eq!(b.object.key.name, "c");
+        assert!(Arc::ptr_eq(&a, &two.live.try_recv().expect("d")));
     }
 
     #[tokio::test]

@@ -246,21 +246,98 @@ pub(crate) fn readable(ops: &[Op]) -> Result<(), StoreError> {
 pub struct Watch {
     /// Events after the requested resourceVersion, oldest first.
     pub replay: Vec<Arc<Event>>,
-    /// Live events (all resources; filter with [`Watch::matches`]). Lagging
-    /// behind by more than the channel holds ends the watch, as an API server
+    /// The live events of the watch's scope after those replayed. Lagging
+    /// behind by more than the feed holds ends the watch, as an API server
     /// closes a slow watcher; the client then relists.
-    pub live: tokio::sync::broadcast::Receiver<Arc<Event>>,
+    pub live: Live,
     /// Live events at or below this resourceVersion were replayed already.
     pub replayed_up_to: Rv,
-    resource: String,
-    namespace: Option<String>,
 }
 
 impl Watch {
-    /// Whether `event` belongs to this watch's resource and namespace.
-    pub fn matches(&self, event: &Event) -> bool {
-        matches_scope(&event.object.key, &self.resource, self.namespace.as_deref())
+    /// Follows `resources` too, in the same namespace scope, on the live
+    /// feed (the replay holds the first resource's events only): for a
+    /// follower that reacts to a change of any of several kinds.
+    #[must_use]
+    pub fn also(mut self, resources: &[&str]) -> Self {
+        self.live
+            .resources
+            .extend(resources.iter().map(|r| (*r).to_string()));
+        self
     }
+}
+
+/// A watch's live feed. The store sends each change as its encoded bytes
+/// (shared with the stored object); a change in some watcher's scope is
+/// decoded when a watcher first receives it, once for all of them. So a
+/// watcher lagging behind a burst holds bytes rather than decoded values,
+/// and changes nobody watches are never decoded.
+pub struct Live {
+    rx: tokio::sync::broadcast::Receiver<Arc<LiveChange>>,
+    resources: Vec<String>,
+    namespace: Option<String>,
+    after: Rv,
+}
+
+impl Live {
+    /// The next event in scope.
+    ///
+    /// # Errors
+    /// `Lagged` when changes were lost to a full feed (the watch should
+    /// end), `Closed` when the store has ended the feed (a relist).
+    pub async fn recv(&mut self) -> Result<Arc<Event>, tokio::sync::broadcast::error::RecvError> {
+        loop {
+            let change = self.rx.recv().await?;
+            if let Some(event) = self.accept(&change) {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// The next event in scope already sent, without waiting.
+    ///
+    /// # Errors
+    /// As [`Live::recv`], and `Empty` when none is waiting.
+    pub fn try_recv(&mut self) -> Result<Arc<Event>, tokio::sync::broadcast::error::TryRecvError> {
+        loop {
+            let change = self.rx.try_recv()?;
+            if let Some(event) = self.accept(&change) {
+                return Ok(event);
+            }
+        }
+    }
+
+    fn accept(&self, change: &LiveChange) -> Option<Arc<Event>> {
+        let in_scope = change.rv > self.after
+            && self.resources.contains(&change.key.resource)
+            && self
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| change.key.namespace == ns);
+        if !in_scope {
+            return None;
+        }
+        change
+            .event
+            .get_or_init(|| {
+                let object = cache::decode(&change.key, change.rv, &change.bytes)?;
+                Some(Arc::new(Event {
+                    kind: change.kind,
+                    object,
+                }))
+            })
+            .clone()
+    }
+}
+
+/// One change on the live feed, as the store sends it.
+pub(crate) struct LiveChange {
+    kind: EventType,
+    key: Key,
+    rv: Rv,
+    bytes: Arc<[u8]>,
+    /// Decoded by the first watcher that receives it.
+    event: std::sync::OnceLock<Option<Arc<Event>>>,
 }
 
 fn matches_scope(key: &Key, resource: &str, namespace: Option<&str>) -> bool {

@@ -27,16 +27,11 @@ pub(crate) fn create(name: &str) -> Op {
 
 /// The next live event of `watch` in its scope, within 10 s.
 pub(crate) async fn next(watch: &mut Watch) -> (EventType, String, Rv) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let event = tokio::time::timeout_at(deadline, watch.live.recv())
-            .await
-            .expect("an event within 10 s")
-            .expect("the live feed is open");
-        if watch.matches(&event) && event.object.rv > watch.replayed_up_to {
-            return (event.kind, event.object.key.name.clone(), event.object.rv);
-        }
-    }
+    let event = tokio::time::timeout(Duration::from_secs(10), watch.live.recv())
+        .await
+        .expect("an event within 10 s")
+        .expect("the live feed is open");
+    (event.kind, event.object.key.name.clone(), event.object.rv)
 }
 
 pub(crate) async fn preconditions_are_exact(store: &dyn Store) {
