@@ -159,7 +159,7 @@ impl Cache {
                     key: change.key.clone(),
                     rv: change.rv,
                     bytes: change.bytes.clone(),
-                    event: std::sync::OnceLock::new(),
+                    decoded: std::sync::Mutex::default(),
                 }));
             }
             change.value = None;
@@ -511,15 +511,24 @@ mod tests {
             2,
             "the replay holds the first resource's events"
         );
-        // Decoded once: both watchers received the same event.
+        // Decoded once while in use: both watchers received the same
+        // event; once nobody holds it, the feed keeps only the bytes.
         let mut three = cache.watch("r", None, None).expect("watch");
-        cache.apply(vec![in_ns("r", "d", 6)], 6);
+        cache.apply(vec![in_ns("r", "d", 6), in_ns("r", "e", 7)], 7);
         let (a, b) = (
             three.live.try_recv().expect("d"),
             two.live.try_recv().expect("c"),
         );
         assert_eq!(b.object.key.name, "c");
         assert!(Arc::ptr_eq(&a, &two.live.try_recv().expect("d")));
+        let e = three.live.try_recv().expect("e");
+        let weak = Arc::downgrade(&e);
+        drop(e);
+        assert!(
+            weak.upgrade().is_none(),
+            "the feed does not hold a decoded event"
+        );
+        assert_eq!(two.live.try_recv().expect("e").object.key.name, "e");
     }
 
     #[tokio::test]

@@ -268,10 +268,12 @@ impl Watch {
 }
 
 /// A watch's live feed. The store sends each change as its encoded bytes
-/// (shared with the stored object); a change in some watcher's scope is
-/// decoded when a watcher first receives it, once for all of them. So a
-/// watcher lagging behind a burst holds bytes rather than decoded values,
-/// and changes nobody watches are never decoded.
+/// (shared with the stored object); a change is decoded when a watcher of
+/// its scope receives it, and shared with the watchers that receive it
+/// while the decoded event is still in use. So a watcher lagging behind a
+/// burst keeps bytes in the feed, never decoded values (the feed does not
+/// hold what a faster watcher decoded), and changes nobody watches are
+/// never decoded.
 pub struct Live {
     rx: tokio::sync::broadcast::Receiver<Arc<LiveChange>>,
     resources: Vec<String>,
@@ -317,16 +319,16 @@ impl Live {
         if !in_scope {
             return None;
         }
-        change
-            .event
-            .get_or_init(|| {
-                let object = cache::decode(&change.key, change.rv, &change.bytes)?;
-                Some(Arc::new(Event {
-                    kind: change.kind,
-                    object,
-                }))
-            })
-            .clone()
+        let mut decoded = change.decoded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(event) = decoded.upgrade() {
+            return Some(event);
+        }
+        let event = Arc::new(Event {
+            kind: change.kind,
+            object: cache::decode(&change.key, change.rv, &change.bytes)?,
+        });
+        *decoded = Arc::downgrade(&event);
+        Some(event)
     }
 }
 
@@ -336,8 +338,8 @@ pub(crate) struct LiveChange {
     key: Key,
     rv: Rv,
     bytes: Arc<[u8]>,
-    /// Decoded by the first watcher that receives it.
-    event: std::sync::OnceLock<Option<Arc<Event>>>,
+    /// The decoded event while a watcher holds it.
+    decoded: std::sync::Mutex<std::sync::Weak<Event>>,
 }
 
 fn matches_scope(key: &Key, resource: &str, namespace: Option<&str>) -> bool {
