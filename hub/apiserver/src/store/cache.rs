@@ -47,7 +47,8 @@ pub(crate) struct Change {
     pub rv: Rv,
     pub bytes: Arc<[u8]>,
     /// The decoded object with `rv` stamped, when the writer has it at hand
-    /// (keeps an object read before fresh in the decoded cache).
+    /// (keeps an object read before fresh in the decoded cache, and saves
+    /// watchers decoding it while the writer still holds it).
     pub value: Option<Arc<Value>>,
 }
 
@@ -159,7 +160,13 @@ impl Cache {
                     key: change.key.clone(),
                     rv: change.rv,
                     bytes: change.bytes.clone(),
-                    decoded: std::sync::Mutex::default(),
+                    decoded: std::sync::Mutex::new(
+                        change
+                            .value
+                            .as_ref()
+                            .map(Arc::downgrade)
+                            .unwrap_or_default(),
+                    ),
                 }));
             }
             change.value = None;
@@ -520,15 +527,29 @@ mod tests {
             two.live.try_recv().expect("c"),
         );
         assert_eq!(b.object.key.name, "c");
-        assert!(Arc::ptr_eq(&a, &two.live.try_recv().expect("d")));
+        assert!(Arc::ptr_eq(
+            &a.object.value,
+            &two.live.try_recv().expect("d").object.value
+        ));
         let e = three.live.try_recv().expect("e");
-        let weak = Arc::downgrade(&e);
+        let weak = Arc::downgrade(&e.object.value);
         drop(e);
         assert!(
             weak.upgrade().is_none(),
-            "the feed does not hold a decoded event"
+            "the feed does not hold a decoded value"
         );
         assert_eq!(two.live.try_recv().expect("e").object.key.name, "e");
+        // The writer's decoded value, while it holds it, is shared too.
+        let mut written = in_ns("r", "f", 8);
+        let value = decode(&written.key, 8, &written.bytes)
+            .expect("decodes")
+            .value;
+        written.value = Some(value.clone());
+        cache.apply(vec![written], 8);
+        assert!(Arc::ptr_eq(
+            &two.live.try_recv().expect("f").object.value,
+            &value
+        ));
     }
 
     #[tokio::test]

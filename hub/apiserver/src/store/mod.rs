@@ -269,11 +269,11 @@ impl Watch {
 
 /// A watch's live feed. The store sends each change as its encoded bytes
 /// (shared with the stored object); a change is decoded when a watcher of
-/// its scope receives it, and shared with the watchers that receive it
-/// while the decoded event is still in use. So a watcher lagging behind a
-/// burst keeps bytes in the feed, never decoded values (the feed does not
-/// hold what a faster watcher decoded), and changes nobody watches are
-/// never decoded.
+/// its scope receives it, unless its decoded value is still in use (the
+/// writer's, or one another watcher decoded), which is then shared. So a
+/// watcher lagging behind a burst keeps bytes in the feed, never decoded
+/// values (the feed does not hold what a faster watcher decoded), and
+/// changes nobody watches are never decoded.
 pub struct Live {
     rx: tokio::sync::broadcast::Receiver<Arc<LiveChange>>,
     resources: Vec<String>,
@@ -320,15 +320,22 @@ impl Live {
             return None;
         }
         let mut decoded = change.decoded.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(event) = decoded.upgrade() {
-            return Some(event);
-        }
-        let event = Arc::new(Event {
+        let object = match decoded.upgrade() {
+            Some(value) => Object {
+                key: change.key.clone(),
+                rv: change.rv,
+                value,
+            },
+            None => {
+                let object = cache::decode(&change.key, change.rv, &change.bytes)?;
+                *decoded = Arc::downgrade(&object.value);
+                object
+            }
+        };
+        Some(Arc::new(Event {
             kind: change.kind,
-            object: cache::decode(&change.key, change.rv, &change.bytes)?,
-        });
-        *decoded = Arc::downgrade(&event);
-        Some(event)
+            object,
+        }))
     }
 }
 
@@ -338,8 +345,8 @@ pub(crate) struct LiveChange {
     key: Key,
     rv: Rv,
     bytes: Arc<[u8]>,
-    /// The decoded event while a watcher holds it.
-    decoded: std::sync::Mutex<std::sync::Weak<Event>>,
+    /// The decoded object, with `rv` stamped, while something holds it.
+    decoded: std::sync::Mutex<std::sync::Weak<Value>>,
 }
 
 fn matches_scope(key: &Key, resource: &str, namespace: Option<&str>) -> bool {
