@@ -28,9 +28,14 @@ pub const ORPHAN: &str = "orphan";
 /// Runs until the store closes. `resources`: the store keys of every
 /// served resource.
 pub async fn run(store: Arc<dyn Store>, resources: Vec<String>) {
-    let Ok(watch) = store.watch("", None, None) else {
+    let Some((first, rest)) = resources.split_first() else {
         return;
     };
+    let rest: Vec<&str> = rest.iter().map(String::as_str).collect();
+    let Ok(watch) = store.watch(first, None, None) else {
+        return;
+    };
+    let watch = watch.also(&rest);
     let mut live = watch.live;
     loop {
         collect(store.as_ref(), &resources).await;
