@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 use kube::api::PostParams;
 use trainhub::hub::Hub;
 
-/// The allocator the `trainhub` and `trainspoke` binaries use.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The allocator the `trainhub` binary uses, as it uses it.
+trainhub::jemalloc!();
 
 #[path = "support/mod.rs"]
 mod support;
@@ -31,26 +30,30 @@ fn rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// A jemalloc value of type `T` by name (a statistic or an option).
+#[allow(unsafe_code)]
+fn mallctl_read<T: Copy + Default>(name: &std::ffi::CStr) -> Option<T> {
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>();
+    // SAFETY: every name read here is NUL-terminated and of type `T`;
+    // `value` and `len` are valid for the write of one.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            (&raw mut value).cast(),
+            &raw mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    (rc == 0).then_some(value)
+}
+
 /// jemalloc's own counters, in bytes: live allocations, the pages that
 /// hold them, and the pages resident (theirs, freed-but-kept, metadata).
 #[allow(unsafe_code)]
 fn heap() -> (u64, u64, u64) {
-    fn read(name: &std::ffi::CStr) -> u64 {
-        let mut value: usize = 0;
-        let mut len = std::mem::size_of::<usize>();
-        // SAFETY: each name is a NUL-terminated `size_t` statistic; `value`
-        // and `len` are valid for the write of one.
-        let rc = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                name.as_ptr(),
-                (&raw mut value).cast(),
-                &raw mut len,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        if rc == 0 { value as u64 } else { 0 }
-    }
+    let read = |name| mallctl_read::<usize>(name).unwrap_or(0) as u64;
     let mut epoch: u64 = 1;
     // SAFETY: writing `epoch` refreshes the statistics; it takes a u64.
     unsafe {
@@ -73,6 +76,13 @@ fn main() {
     let jobs = support::arg("--jobs", 10_000);
     let concurrency = support::arg("--concurrency", 32);
     let settle = Duration::from_secs(support::arg("--settle", 15) as u64);
+    // The options in effect, as the hub's binary sets them
+    // (`trainhub::memory::JEMALLOC_CONF`) or the environment overrides them.
+    println!(
+        "jemalloc: {} arenas, dirty_decay_ms {}",
+        mallctl_read::<u32>(c"arenas.narenas").unwrap_or(0),
+        mallctl_read::<isize>(c"opt.dirty_decay_ms").unwrap_or(-1),
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -15,9 +15,8 @@ use tower::ServiceExt as _;
 use trainhub::hub::Hub;
 use trainhub_apiserver::store::{Key, Op};
 
-/// The allocator the `trainhub` binary uses.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The allocator the `trainhub` binary uses, as it uses it.
+trainhub::jemalloc!();
 
 #[path = "support/mod.rs"]
 mod support;

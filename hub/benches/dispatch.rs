@@ -36,9 +36,8 @@ use kube::api::PostParams;
 use trainhub::dispatch::{DispatchConfig, core};
 use trainhub::hub::{Config, Hub};
 
-/// The allocator the `trainhub` and `trainspoke` binaries use.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The allocator the `trainhub` binary uses, as it uses it.
+trainhub::jemalloc!();
 
 #[path = "support/mod.rs"]
 mod support;

@@ -24,9 +24,8 @@ use trainhub::hub::{Hub, Replication, Storage};
 use trainhub_apiserver::store::EtcdConfig;
 use trainhub_apiserver::store::etcd::LocalEtcd;
 
-/// The allocator the `trainhub` and `trainspoke` binaries use.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The allocator the `trainhub` binary uses, as it uses it.
+trainhub::jemalloc!();
 
 #[path = "support/mod.rs"]
 mod support;

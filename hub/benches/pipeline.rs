@@ -18,9 +18,8 @@ use trainhub::plugins::{HostConfig, Limits, Pipeline, Snapshot};
 use trainhub_api::trainer::TrainJob;
 use trainhub_plugin_sdk::Runtime;
 
-/// The allocator the `trainhub` and `trainspoke` binaries use.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The allocator the `trainhub` binary uses, as it uses it.
+trainhub::jemalloc!();
 
 fn arg(name: &str) -> Option<String> {
     std::env::args().skip_while(|a| a != name).nth(1)

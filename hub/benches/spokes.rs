@@ -14,9 +14,8 @@ use trainhub::hub::Hub;
 use trainhub_spoke::agent::{self, AgentConfig};
 use trainhub_spoke::backend::sim::SimBackend;
 
-/// The allocator the `trainhub` and `trainspoke` binaries use.
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+// The allocator the `trainhub` binary uses, as it uses it.
+trainhub::jemalloc!();
 
 // Only the certificates and token of the shared set-up are used here.
 #[allow(dead_code)]

@@ -85,6 +85,45 @@ pub fn page_out(range: std::ops::Range<*const u8>) {
     }
 }
 
+/// jemalloc's options for the hub's processes, read when
+/// it starts; `_RJEM_MALLOC_CONF` in the environment still overrides them.
+/// - `percpu_arena:percpu`: one arena per CPU, a thread allocating from the
+///   arena of the CPU it runs on, instead of four arenas per CPU shared out
+///   among the threads. The hub's long-lived objects (stored TrainJobs,
+///   the dispatcher's entries) are allocated by whichever thread served the
+///   request, among short-lived values; fewer arenas leave fewer pages
+///   partly used once a burst's values are freed.
+/// - `dirty_decay_ms:1000`: freed pages go back to the system within a
+///   second (the background threads purge them) rather than ten.
+///
+/// Together, in the `api` bench: 89 MiB settled per 10,000 TrainJobs
+/// instead of 102 to 107 (docs/benchmarks.md), with no lower create rate.
+pub const JEMALLOC_CONF: &std::ffi::CStr = c"percpu_arena:percpu,dirty_decay_ms:1000";
+
+/// The global allocator of the hub's binary and of its benches, which
+/// measure what it does: jemalloc, with [`JEMALLOC_CONF`]. Expands to
+/// items; the crate using it depends on `tikv-jemallocator`.
+#[macro_export]
+macro_rules! jemalloc {
+    () => {
+        /// jemalloc rather than the system allocator: the process allocates
+        /// and frees many small objects (JSON values, protobuf messages)
+        /// across threads, where glibc's malloc cost a sixth of the CPU
+        /// (docs/benchmarks.md).
+        #[global_allocator]
+        static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+        /// jemalloc's options: [`trainhub::memory::JEMALLOC_CONF`].
+        // SAFETY: jemalloc reads this symbol once, at its start, as a
+        // pointer to a NUL-terminated string; it points at static,
+        // immutable bytes that end in NUL.
+        #[allow(unsafe_code, non_upper_case_globals)]
+        #[unsafe(export_name = "_rjem_malloc_conf")]
+        static malloc_conf: Option<&'static u8> =
+            $crate::memory::JEMALLOC_CONF.to_bytes_with_nul().first();
+    };
+}
+
 /// A bounded cache that evicts the least recently used entry first. The
 /// hub's caches hold what was just written or computed, read again soon
 /// after (a TrainJob's typed form, its runtime snapshot): moka's default

@@ -8,11 +8,7 @@ use clap::{Parser, Subcommand};
 use trainhub::dev::DevArgs;
 use trainhub::hub::{Config, Hub};
 
-/// jemalloc rather than the system allocator: the process allocates and
-/// frees many small objects (JSON values, protobuf messages) across threads,
-/// where glibc's malloc cost a sixth of the CPU (docs/benchmarks.md).
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+trainhub::jemalloc!();
 
 /// Returns every arena's freed pages to the system now.
 #[allow(unsafe_code)]
