@@ -22,6 +22,11 @@
 //! admission), a LocalQueue per ClusterQueue, and every TrainJob labelled
 //! with one of them in turn.
 //!
+//! `--count-writes` also prints the store's changes per TrainJob, by
+//! resource, from the first create to 3 s after the last start (a
+//! diagnostic: following every change costs this process CPU, so its
+//! rates are not the bench's).
+//!
 //! `--otlp` measures the tracing overhead: the process exports its traces
 //! (hub and spokes) to an OTLP sink it serves itself at
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` (which must be set, e.g.
@@ -43,14 +48,18 @@ trainhub::jemalloc!();
 mod support;
 
 fn main() {
-    let spokes = support::arg("--spokes", 50);
-    let jobs = support::arg("--jobs", 10_000);
-    let concurrency = support::arg("--concurrency", 32);
-    let rate = support::arg("--rate", 0);
-    let incremental = std::env::args().any(|a| a == "--incremental");
-    let fanout = support::arg("--fanout", 0);
-    let otlp = std::env::args().any(|a| a == "--otlp");
-    let quotas = std::env::args().any(|a| a == "--quotas");
+    let flag = |name: &str| std::env::args().any(|a| a == name);
+    let options = Options {
+        spokes: support::arg("--spokes", 50),
+        jobs: support::arg("--jobs", 10_000),
+        concurrency: support::arg("--concurrency", 32),
+        rate: support::arg("--rate", 0),
+        incremental: flag("--incremental"),
+        fanout: support::arg("--fanout", 0),
+        quotas: flag("--quotas"),
+        count_writes: flag("--count-writes"),
+    };
+    let otlp = flag("--otlp");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -68,15 +77,7 @@ fn main() {
         !otlp || trainhub_telemetry::tracing_enabled(),
         "--otlp: the exporter is not installed"
     );
-    runtime.block_on(run(
-        spokes,
-        jobs,
-        concurrency,
-        rate,
-        incremental,
-        fanout,
-        quotas,
-    ));
+    runtime.block_on(run(options));
     if let (Some(mut telemetry), Some(sink)) = (telemetry, sink) {
         telemetry.shutdown();
         println!(
@@ -156,7 +157,8 @@ fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-async fn run(
+/// The command line's choices (see the module doc).
+struct Options {
     spokes: usize,
     jobs: usize,
     concurrency: usize,
@@ -164,7 +166,20 @@ async fn run(
     incremental: bool,
     fanout: usize,
     quotas: bool,
-) {
+    count_writes: bool,
+}
+
+async fn run(options: Options) {
+    let Options {
+        spokes,
+        jobs,
+        concurrency,
+        rate,
+        incremental,
+        fanout,
+        quotas,
+        count_writes,
+    } = options;
     let dir = tempfile::tempdir().expect("temp dir");
     let (pki, ca) = support::pki_and_token(dir.path());
     let mode = if incremental {
@@ -188,6 +203,7 @@ async fn run(
     })
     .expect("hub");
     let dispatch = hub.dispatch.clone();
+    let hub_store = hub.store.clone();
     hub.install(trainhub::hub::default_objects().expect("runtimes"))
         .await
         .expect("install");
@@ -241,6 +257,7 @@ async fn run(
         started_rx.recv().await.expect("warm-up start");
     }
 
+    let writes = count_writes.then(|| count_store_changes(&hub_store));
     let submitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
     let next = Arc::new(AtomicUsize::new(0));
     let begin = Instant::now();
@@ -345,8 +362,66 @@ async fn run(
         ms(pct(0.99)),
         ms(pct(1.0))
     );
+    if let Some(writes) = writes {
+        // The runs started last finish and are released meanwhile.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let counts = std::mem::take(&mut *writes.lock().expect("lock"));
+        let total: u64 = counts.values().sum();
+        let by_resource: Vec<String> = counts
+            .iter()
+            .map(|(r, n)| format!("{r} {:.2}", *n as f64 / jobs as f64))
+            .collect();
+        println!(
+            "store changes: {:.2} per TrainJob ({})",
+            total as f64 / jobs as f64,
+            by_resource.join(", ")
+        );
+    }
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), serving).await;
+}
+
+/// Counts the store's changes by resource from now on (`--count-writes`).
+fn count_store_changes(
+    store: &Arc<dyn trainhub_apiserver::store::Store>,
+) -> Arc<Mutex<std::collections::BTreeMap<String, u64>>> {
+    use trainhub::api::{EVENTS, PODS, SPOKES, TRAINJOBS};
+    use trainhub::kueue::{CLUSTER_QUEUES, LOCAL_QUEUES, WORKLOADS};
+    let resources = [
+        TRAINJOBS,
+        PODS,
+        EVENTS,
+        SPOKES,
+        trainhub::dispatch::PLACEMENTS,
+        trainhub::admission::RUNTIME_SNAPSHOTS,
+        trainhub::admission::RUNTIME_VERSIONS,
+        WORKLOADS,
+        CLUSTER_QUEUES,
+        LOCAL_QUEUES,
+    ];
+    let counts = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+    let mut watch = store
+        .watch(resources[0], None, None)
+        .expect("watch")
+        .also(&resources[1..]);
+    let counted = counts.clone();
+    tokio::spawn(async move {
+        while let Ok(event) = watch.live.recv().await {
+            let resource = event
+                .object
+                .key
+                .resource
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
+            *counted
+                .lock()
+                .expect("lock")
+                .entry(resource.to_string())
+                .or_insert(0) += 1;
+        }
+    });
+    counts
 }
 
 const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";

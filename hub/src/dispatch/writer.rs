@@ -17,7 +17,8 @@ use tokio::sync::mpsc;
 use trainhub_apiserver::store::{Key, MAX_COMMIT_OPS, Op, Rv, Store, StoreError};
 
 use super::{ANNOTATION_SPOKE, FINALIZER};
-use crate::controller::lifecycle::{format_time, set_condition};
+use crate::controller::lifecycle::{format_time, is_true, set_condition};
+use trainhub_api::constants::{CONDITION_COMPLETE, CONDITION_FAILED};
 
 /// A write for the store writer; `done` learns whether it was committed.
 #[derive(Default)]
@@ -107,6 +108,23 @@ pub(super) fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
     } else {
         Edited::Changed
     }
+}
+
+/// Removes the hub's finalizer from a TrainJob whose merged status says
+/// its run ended (Complete or Failed), in the same update: the release
+/// dispatch would otherwise write next (see `core::jobs`), one TrainJob
+/// write fewer per run. A TrainJob being deleted is left to dispatch,
+/// which stops its run first.
+fn release_if_finished(object: &mut Value) {
+    let status = &object["status"];
+    let finished = is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED);
+    if !finished || !object["metadata"]["deletionTimestamp"].is_null() {
+        return;
+    }
+    let Some(uid) = object["metadata"]["uid"].as_str().map(String::from) else {
+        return;
+    };
+    apply_edit(object, &Edit::Release { uid });
 }
 
 /// The key a write reads and updates (its status merge's, else its
@@ -241,10 +259,12 @@ async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
         }
         if let Some((_, mapped)) = &w.merge {
             let mut status = value["status"].take();
-            if merge_status(&mut status, mapped) {
-                *outcome = Edited::Changed;
-            }
+            let changed = merge_status(&mut status, mapped);
             value["status"] = status;
+            if changed {
+                *outcome = Edited::Changed;
+                release_if_finished(value);
+            }
         }
         if let Some((_, edit)) = &w.edit {
             match apply_edit(value, edit) {
@@ -549,6 +569,88 @@ mod tests {
             json!({"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}});
         apply_edit(&mut marked, &placed);
         assert!(marked["metadata"]["finalizers"].is_null());
+    }
+
+    #[tokio::test]
+    async fn a_status_merge_that_ends_the_run_releases_the_trainjob_in_the_same_update() {
+        use trainhub_apiserver::store::RedbStore;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 100).expect("store");
+        let job = |name: &str| {
+            json!({"metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                "finalizers": ["example.com/keep", FINALIZER]}})
+        };
+        let key = |name: &str| Key::new("trainjobs", Some("default"), name);
+        let mut ops = Vec::new();
+        for name in ["done", "running", "deleting"] {
+            ops.push(Op::Create {
+                key: key(name),
+                value: job(name),
+            });
+        }
+        store.commit(ops).await.expect("create");
+        // Marked for deletion as the API server marks it (finalizers held).
+        let mut marked = store
+            .get(&key("deleting"))
+            .expect("stored")
+            .value
+            .as_ref()
+            .clone();
+        marked["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        store
+            .commit(vec![Op::Update {
+                key: key("deleting"),
+                value: marked,
+                expected: None,
+            }])
+            .await
+            .expect("mark");
+        let complete = json!({"conditions": [{"type": "Complete", "status": "True", "reason": "JobSetCompleted", "message": "done"}]});
+        let running = json!({"jobsStatus": [{"name": "node", "active": 2}]});
+        let rv = |name: &str| store.get(&key(name)).expect("stored").rv;
+        let before = (rv("done"), rv("running"));
+        let merge = |name: &str, status: &Value| Write {
+            merge: Some((key(name), status.clone())),
+            ..Write::default()
+        };
+        commit(
+            &store,
+            vec![
+                merge("done", &complete),
+                merge("running", &running),
+                merge("deleting", &complete),
+            ],
+        )
+        .await;
+        let done = store.get(&key("done")).expect("stored");
+        assert_eq!(done.value["status"]["conditions"][0]["type"], "Complete");
+        assert_eq!(
+            done.value["metadata"]["finalizers"],
+            json!(["example.com/keep"]),
+            "the run ended: only the hub's finalizer goes"
+        );
+        let running_now = store.get(&key("running")).expect("stored");
+        assert_eq!(running_now.value["metadata"]["finalizers"][1], FINALIZER);
+        assert!(done.rv > before.0 && running_now.rv > before.1);
+        let changes = store
+            .watch("trainjobs", Some("default"), Some(before.0.max(before.1)))
+            .expect("watch")
+            .replay;
+        let names: Vec<&str> = changes.iter().map(|e| e.object.key.name.as_str()).collect();
+        assert_eq!(
+            names.iter().filter(|n| **n == "done").count(),
+            1,
+            "status and release in one update: {names:?}"
+        );
+        let deleting = store.get(&key("deleting")).expect("stored");
+        assert_eq!(
+            deleting.value["status"]["conditions"][0]["type"],
+            "Complete"
+        );
+        assert_eq!(
+            deleting.value["metadata"]["finalizers"][1], FINALIZER,
+            "a TrainJob being deleted is released by dispatch after its run stops"
+        );
     }
 
     #[test]
