@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use tokio::sync::broadcast::error::RecvError;
-use trainhub_apiserver::store::{Key, Op, Store, StoreError};
+use trainhub_apiserver::store::{Key, Object, Op, Store, StoreError};
 
 use crate::api::TRAINJOBS;
 
@@ -43,10 +43,10 @@ async fn lifecycle_pass(store: &dyn Store) {
         }
     };
     for object in objects {
-        reconcile_key(store, &object.key, &mut timers).await;
+        reconcile_key(store, &object.key, Some(&object), &mut timers).await;
     }
     for event in std::mem::take(&mut watch.replay) {
-        reconcile_key(store, &event.object.key, &mut timers).await;
+        reconcile_key(store, &event.object.key, Some(&event.object), &mut timers).await;
     }
     loop {
         let next_timer = timers.keys().next().copied();
@@ -65,26 +65,37 @@ async fn lifecycle_pass(store: &dyn Store) {
                 let due: Vec<Timestamp> = timers.range(..=now).map(|(t, _)| *t).collect();
                 for t in due {
                     for key in timers.remove(&t).unwrap_or_default() {
-                        reconcile_key(store, &key, &mut timers).await;
+                        reconcile_key(store, &key, None, &mut timers).await;
                     }
                 }
             }
             event = watch.live.recv() => match event {
-                Ok(event) => reconcile_key(store, &event.object.key, &mut timers).await,
+                Ok(event) => {
+                    reconcile_key(store, &event.object.key, Some(&event.object), &mut timers).await
+                }
                 Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
             },
         }
     }
 }
 
+/// Reconciles the TrainJob at `key`: as `known` (the version a list or
+/// watch gave, not decoded again) while that is the stored version, else
+/// as the store has it.
 async fn reconcile_key(
     store: &dyn Store,
     key: &Key,
+    known: Option<&Object>,
     timers: &mut BTreeMap<Timestamp, HashSet<Key>>,
 ) {
+    let mut known = known
+        .filter(|o| store.revision_of(key) == Some(o.rv))
+        .cloned();
     // Two tries: a conflict means someone wrote meanwhile; reread and redo.
     for _ in 0..2 {
-        let Some(object) = store.get(key) else { return };
+        let Some(object) = known.take().or_else(|| store.get(key)) else {
+            return;
+        };
         let decision = lifecycle::reconcile(&object.value, Timestamp::now());
         if let Some(at) = decision.requeue_at {
             timers.entry(at).or_default().insert(key.clone());
@@ -110,5 +121,62 @@ async fn reconcile_key(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use trainhub_apiserver::store::RedbStore;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_change_is_reconciled_as_received_unless_a_newer_version_is_stored() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 100).expect("store");
+        let key = Key::new(TRAINJOBS, Some("default"), "j");
+        let job = |suspend: bool| {
+            json!({"metadata": {"name": "j", "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"suspend": suspend}})
+        };
+        let suspended = |store: &RedbStore| {
+            let object = store.get(&key).expect("stored");
+            lifecycle::is_true(&object.value["status"], "Suspended")
+        };
+        let mut timers = BTreeMap::new();
+        let created = store
+            .commit(vec![Op::Create {
+                key: key.clone(),
+                value: job(true),
+            }])
+            .await
+            .expect("create")
+            .remove(0);
+        reconcile_key(&store, &key, Some(&created), &mut timers).await;
+        assert!(suspended(&store), "the version received is reconciled");
+
+        // Received late: the stored version (resumed) is what counts.
+        let stale = store.get(&key).expect("stored");
+        let mut resumed = stale.value.as_ref().clone();
+        resumed["spec"]["suspend"] = false.into();
+        store
+            .commit(vec![Op::Update {
+                key: key.clone(),
+                value: resumed,
+                expected: Some(stale.rv),
+            }])
+            .await
+            .expect("resume");
+        reconcile_key(&store, &key, Some(&stale), &mut timers).await;
+        assert!(!suspended(&store), "resumed, as stored");
+
+        // Gone: nothing to do, whatever was received.
+        store
+            .commit(vec![Op::Remove { key: key.clone() }])
+            .await
+            .expect("remove");
+        reconcile_key(&store, &key, Some(&stale), &mut timers).await;
+        assert!(store.get(&key).is_none());
     }
 }
