@@ -5,9 +5,10 @@
 //! A batch is cut into commits that every store takes: at most
 //! [`MAX_COMMIT_OPS`] operations each, no key written twice in one (etcd
 //! takes one write per key and transaction). Commits whose keys are
-//! disjoint form a wave and are in flight together (etcd pipelines them,
-//! redb's writer group-commits them); a write touching a key of the current
-//! wave waits for the next one, so writes to one object keep their order.
+//! disjoint form a wave and are handed to the store together (redb's
+//! writer group-commits them; etcd's committer sends them in as few
+//! transactions as fit); a write touching a key of the current wave waits
+//! for the next one, so writes to one object keep their order.
 
 use std::collections::HashMap;
 

@@ -499,9 +499,12 @@ fn refused(ops: &[Op], answers: &[TxnOpResponse]) -> Option<StoreError> {
     None
 }
 
-/// Commits sent to etcd at once. While they are in flight, the commits
-/// that arrive wait, and go together in the next transaction.
-const COMMITS_IN_FLIGHT: usize = 2;
+/// Transactions sent to etcd at once. While one is in flight, the commits
+/// that arrive wait, and go together in the next. One: measured against
+/// two, four and eight with 32 clients creating (docs/benchmarks.md), one
+/// makes the largest transactions and costs etcd's members the least CPU
+/// per commit, which is what limits a hub sharing its cores with them.
+const COMMITS_IN_FLIGHT: usize = 1;
 /// Operations of commits merged into one transaction: etcd refuses more
 /// than 128 compares, or writes, or reads in a failure branch (its default
 /// `--max-txn-ops`), and the fencing term takes one compare and one read.
