@@ -541,8 +541,9 @@ fn long_job(name: &str, seconds: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_and_running_jobs_keep_their_processes()
  {
-    const CLIENTS: usize = 4;
-    const PER_CLIENT: usize = 55;
+    // A burst of 1,000 creates from 8 clients (the long jobs outlast it).
+    const CLIENTS: usize = 8;
+    const PER_CLIENT: usize = 125;
     let Some(mut ha) = Ha::start(3) else {
         return;
     };
@@ -553,7 +554,7 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     // Two jobs running before the kill; their processes must survive it.
     let via = ha.other(leader);
     for name in ["long-a", "long-b"] {
-        let out = via.kubectl_stdin(&["create", "-f", "-"], &long_job(name, 45));
+        let out = via.kubectl_stdin(&["create", "-f", "-"], &long_job(name, 120));
         assert!(
             out.status.success(),
             "{}",
