@@ -1143,3 +1143,118 @@ async fn a_trainer_plugin_pushed_and_applied_through_one_replica_serves_on_both(
     drop(etcd);
     drop(registry);
 }
+
+/// A watch from a resourceVersion etcd has compacted, asked of a replica
+/// that started after the compaction (so neither its watch cache nor etcd
+/// holds that history), is refused with kube-apiserver's 410 Expired; the
+/// watch kubectl held on the replica ended with it; kubectl, listing and
+/// watching again, sees every TrainJob and the changes after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_compacted_revision_is_410_and_kubectl_listing_again_recovers() {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let leader = ha.leader(Duration::from_secs(60)).await;
+    let follower = 1 - leader;
+    create(&ha, &ha.replicas[leader], "first", "true");
+    let rv = wait_for(
+        "first on the follower",
+        Duration::from_secs(20),
+        || ha.logs(),
+        || {
+            let out = ha.replicas[follower].kubectl(&[
+                "get",
+                "trainjob",
+                "first",
+                "-o",
+                "jsonpath={.metadata.resourceVersion}",
+            ]);
+            let rv = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (out.status.success() && !rv.is_empty()).then_some(rv)
+        },
+    )
+    .await;
+    let path = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs";
+    let from_rv = format!("{path}?watch=1&resourceVersion={rv}");
+    // A watch held on the follower from that version.
+    let mut held = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&ha.replicas[follower].kubeconfig)
+        .args(["get", "--raw", &from_rv])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    create(&ha, &ha.replicas[leader], "second", "true");
+    let mut etcd = etcd_client::Client::connect(ha.etcd.endpoints(), None)
+        .await
+        .expect("etcd client");
+    let revision = etcd
+        .get("/", None)
+        .await
+        .expect("etcd revision")
+        .header()
+        .expect("header")
+        .revision();
+    etcd.compact(
+        revision,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .expect("compact");
+
+    // The follower restarts: the watch it held ends; asked again from the
+    // compacted version, it answers 410 Expired.
+    ha.replicas[follower].kill();
+    let ended = held.wait().expect("the held watch");
+    assert!(!ended.success(), "the held watch ended with its server");
+    ha.launch(follower);
+    ha.leader(Duration::from_secs(60)).await;
+    let refused = wait_for(
+        "the follower answering the watch",
+        Duration::from_secs(30),
+        || ha.logs(),
+        || {
+            let out = ha.replicas[follower].kubectl(&["get", "--raw", &from_rv]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("\"ERROR\"").then_some(text)
+        },
+    )
+    .await;
+    let event: Value = serde_json::from_str(refused.trim()).expect("one watch event");
+    assert_eq!(event["object"]["code"], 410, "{refused}");
+    assert_eq!(event["object"]["reason"], "Expired", "{refused}");
+
+    // kubectl lists and watches again: everything, and what comes next.
+    let listed = trainjobs(&ha.replicas[follower]).expect("list");
+    assert!(
+        listed.contains_key("first") && listed.contains_key("second"),
+        "{listed:?}"
+    );
+    let watch_out = ha.dir.path().join("rewatch.txt");
+    let mut watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&ha.replicas[follower].kubeconfig)
+        .args(["get", "trainjobs", "--watch", "-o", "name"])
+        .stdout(std::fs::File::create(&watch_out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    create(&ha, &ha.replicas[leader], "third", "true");
+    wait_for(
+        "the new watch sees first, second and third",
+        Duration::from_secs(20),
+        || ha.logs(),
+        || {
+            let seen = std::fs::read_to_string(&watch_out).unwrap_or_default();
+            ["first", "second", "third"]
+                .iter()
+                .all(|n| seen.contains(&format!("trainjob.trainer.kubeflow.org/{n}")))
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
