@@ -550,6 +550,23 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     let leader = ha.leader(Duration::from_secs(60)).await;
     ha.spoke("spoke-a", &[0, 1, 2]);
     ha.spoke("spoke-b", &[2, 1, 0]);
+    // kubectl watching a follower from the start, through the failover.
+    let watched = (0..3).find(|i| *i != leader).unwrap();
+    let watch_out = ha.dir.path().join("follower-watch.txt");
+    let mut follower_watch = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&ha.replicas[watched].kubeconfig)
+        .args([
+            "get",
+            "trainjobs",
+            "--watch",
+            "-o",
+            "jsonpath={.metadata.name} {.metadata.resourceVersion} {.status.conditions[*].type}{\"\\n\"}",
+        ])
+        .stdout(std::fs::File::create(&watch_out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
 
     // Two jobs running before the kill; their processes must survive it.
     let via = ha.other(leader);
@@ -712,6 +729,46 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     for name in before.keys() {
         assert!(all.get(*name).copied().unwrap_or(false), "{name} Complete");
     }
+
+    // The follower's watch saw every TrainJob through to Complete, its
+    // changes in resourceVersion order, and never ended.
+    let seen = wait_for(
+        "the follower's watch to see every TrainJob Complete",
+        Duration::from_secs(30),
+        || ha.logs(),
+        || {
+            let text = std::fs::read_to_string(&watch_out).ok()?;
+            let complete: BTreeSet<&str> = text
+                .lines()
+                .filter(|l| l.ends_with("Complete") || l.contains(" Complete "))
+                .filter_map(|l| l.split(' ').next())
+                .collect();
+            names
+                .iter()
+                .all(|n| complete.contains(n.as_str()))
+                .then(|| text.clone())
+        },
+    )
+    .await;
+    let versions: Vec<u64> = seen
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1)?.parse().ok())
+        .collect();
+    assert!(
+        versions.len() >= names.len() * 2,
+        "a change per create and per Complete at least: {} lines",
+        versions.len()
+    );
+    assert!(
+        versions.windows(2).all(|w| w[0] <= w[1]),
+        "the follower's watch saw changes in resourceVersion order"
+    );
+    assert!(
+        follower_watch.try_wait().unwrap().is_none(),
+        "the follower's watch is still open"
+    );
+    let _ = follower_watch.kill();
+    let _ = follower_watch.wait();
 }
 
 /// Creates `name` through `r` and fails with the logs if refused.
