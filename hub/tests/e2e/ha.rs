@@ -62,6 +62,19 @@ impl Replica {
         }
     }
 
+    /// `kubectl get trainjobs --watch -o <output>` on this replica, its
+    /// output written to `file`.
+    fn watch_trainjobs(&self, output: &str, file: &std::path::Path) -> Child {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["get", "trainjobs", "--watch", "-o", output])
+            .stdout(std::fs::File::create(file).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     /// A metric's value on this replica's /metrics.
     fn metric(&self, name: &str) -> Option<f64> {
         let out = self.kubectl(&["get", "--raw", "/metrics"]);
@@ -424,20 +437,10 @@ async fn one_replica_leads_a_follower_serves_creates_lists_and_watches_and_spoke
 
     // A watch on the follower, from before the create.
     let watch_out = ha.dir.path().join("watch.txt");
-    let mut watch = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&ha.replicas[follower].kubeconfig)
-        .args([
-            "get",
-            "trainjobs",
-            "--watch",
-            "-o",
-            "jsonpath={.metadata.name} {.status.conditions[*].type}{\"\\n\"}",
-        ])
-        .stdout(std::fs::File::create(&watch_out).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut watch = ha.replicas[follower].watch_trainjobs(
+        "jsonpath={.metadata.name} {.status.conditions[*].type}{\"\\n\"}",
+        &watch_out,
+    );
 
     let f = &ha.replicas[follower];
     for (i, role) in [(follower, "role ok: follower"), (leader, "role ok: leader")] {
@@ -553,20 +556,10 @@ async fn a_sigkilled_leader_loses_no_acknowledged_create_places_each_job_once_an
     // kubectl watching a follower from the start, through the failover.
     let watched = (0..3).find(|i| *i != leader).unwrap();
     let watch_out = ha.dir.path().join("follower-watch.txt");
-    let mut follower_watch = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&ha.replicas[watched].kubeconfig)
-        .args([
-            "get",
-            "trainjobs",
-            "--watch",
-            "-o",
-            "jsonpath={.metadata.name} {.metadata.resourceVersion} {.status.conditions[*].type}{\"\\n\"}",
-        ])
-        .stdout(std::fs::File::create(&watch_out).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut follower_watch = ha.replicas[watched].watch_trainjobs(
+        "jsonpath={.metadata.name} {.metadata.resourceVersion} {.status.conditions[*].type}{\"\\n\"}",
+        &watch_out,
+    );
 
     // Two jobs running before the kill; their processes must survive it.
     let via = ha.other(leader);
@@ -1290,14 +1283,7 @@ async fn a_watch_from_a_compacted_revision_is_410_and_kubectl_listing_again_reco
         "{listed:?}"
     );
     let watch_out = ha.dir.path().join("rewatch.txt");
-    let mut watch = Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&ha.replicas[follower].kubeconfig)
-        .args(["get", "trainjobs", "--watch", "-o", "name"])
-        .stdout(std::fs::File::create(&watch_out).unwrap())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut watch = ha.replicas[follower].watch_trainjobs("name", &watch_out);
     create(&ha, &ha.replicas[leader], "third", "true");
     wait_for(
         "the new watch sees first, second and third",
