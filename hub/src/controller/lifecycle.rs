@@ -36,6 +36,11 @@ pub(crate) fn is_true(status: &Value, type_: &str) -> bool {
     condition(status, type_).is_some_and(|c| c["status"] == "True")
 }
 
+/// Whether a TrainJob's status says it finished: Complete or Failed.
+pub(crate) fn is_finished(status: &Value) -> bool {
+    is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED)
+}
+
 /// Sets a condition; the transition time moves only when its status does.
 pub(crate) fn set_condition(
     status: &mut Value,
@@ -91,7 +96,7 @@ fn started_at(job: &Value, status: &Value) -> Option<Timestamp> {
 
 pub fn reconcile(job: &Value, now: Timestamp) -> Decision {
     let old = job.get("status").cloned().unwrap_or_else(|| json!({}));
-    if is_true(&old, CONDITION_COMPLETE) || is_true(&old, CONDITION_FAILED) {
+    if is_finished(&old) {
         return Decision::default();
     }
     let now_text = format_time(now);

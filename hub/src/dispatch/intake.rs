@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use serde_json::Value;
-use trainhub_api::constants::{CONDITION_COMPLETE, CONDITION_FAILED};
+use trainhub_api::constants::CONDITION_FAILED;
 use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::selector::LabelSelector;
 use trainhub_apiserver::store::Key;
@@ -22,7 +22,7 @@ use super::{
     REASON_BUILD_FAILED, REASON_PLUGIN_CALL_DEFERRED, hash_of, job_key, lock,
 };
 use crate::api::TRAINJOBS;
-use crate::controller::lifecycle::{format_time, is_true, set_condition};
+use crate::controller::lifecycle::{format_time, is_finished, is_true, set_condition};
 use crate::plugins::Pipeline;
 
 /// Backoff of a deferred plugin call: 1 s, doubling, at most 5 minutes.
@@ -104,7 +104,7 @@ impl Dispatch {
             .is_some_and(|m| m != trainhub_api::constants::MANAGED_BY_TRAINJOB_CONTROLLER);
         let want = if !meta["deletionTimestamp"].is_null() {
             Want::Delete
-        } else if is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED) {
+        } else if is_finished(status) {
             Want::Finished
         } else if object["spec"]["suspend"] == true || managed_elsewhere {
             Want::Suspend

@@ -18,8 +18,7 @@ use tokio::sync::mpsc;
 use trainhub_apiserver::store::{Key, MAX_COMMIT_OPS, Op, Rv, Store, StoreError};
 
 use super::{ANNOTATION_SPOKE, FINALIZER};
-use crate::controller::lifecycle::{format_time, is_true, set_condition};
-use trainhub_api::constants::{CONDITION_COMPLETE, CONDITION_FAILED};
+use crate::controller::lifecycle::{format_time, is_finished, set_condition};
 
 /// A write for the store writer; `done` learns whether it was committed.
 #[derive(Default)]
@@ -117,9 +116,7 @@ pub(super) fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
 /// write fewer per run. A TrainJob being deleted is left to dispatch,
 /// which stops its run first.
 fn release_if_finished(object: &mut Value) {
-    let status = &object["status"];
-    let finished = is_true(status, CONDITION_COMPLETE) || is_true(status, CONDITION_FAILED);
-    if !finished || !object["metadata"]["deletionTimestamp"].is_null() {
+    if !is_finished(&object["status"]) || !object["metadata"]["deletionTimestamp"].is_null() {
         return;
     }
     let Some(uid) = object["metadata"]["uid"].as_str().map(String::from) else {
