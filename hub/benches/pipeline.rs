@@ -77,7 +77,7 @@ fn main() {
     let run = |snapshot: &Snapshot| {
         let started = Instant::now();
         let pipeline = Pipeline::select(snapshot, &runtime).expect("select");
-        let validation = pipeline.validate(&job).expect("validate");
+        let validation = pipeline.validate(&job, &runtime).expect("validate");
         assert!(validation.errors.is_empty(), "{:?}", validation.errors);
         let validated = Instant::now();
         let rendered = pipeline.build(&job, &runtime, &target).expect("build");

@@ -213,7 +213,7 @@ pub fn render(
             source,
         };
         let pipeline = Pipeline::select(snapshot, runtime).map_err(pipeline_error)?;
-        let validation = pipeline.validate(&job).map_err(pipeline_error)?;
+        let validation = pipeline.validate(&job, runtime).map_err(pipeline_error)?;
         warnings.extend(
             validation
                 .warnings

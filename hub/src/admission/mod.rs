@@ -494,7 +494,7 @@ impl TrainerAdmission {
             }
             Err(e) => return Err(plugin_failure(e)),
         };
-        match pipeline.validate(&job) {
+        match pipeline.validate(&job, &runtime) {
             Ok(validation) => {
                 warnings.extend(validation.warnings);
                 if request.operation == Operation::Create

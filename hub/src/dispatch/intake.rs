@@ -2,10 +2,12 @@
 //! selector and demand (pod sets after the ML and pod-group policies),
 //! and the plugin calls deferred while the plugin host is overloaded.
 
+use std::hash::Hasher as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use serde::Deserialize as _;
 use serde_json::Value;
 use trainhub_api::constants::CONDITION_FAILED;
 use trainhub_api::trainer::TrainJob;
@@ -19,7 +21,7 @@ use super::reports::trainjob_event;
 use super::writer::update_status;
 use super::{
     ANNOTATION_PRIORITY, ANNOTATION_SPOKE_SELECTOR, CONDITION_PLUGINS_DEFERRED, Dispatch,
-    REASON_BUILD_FAILED, REASON_PLUGIN_CALL_DEFERRED, hash_of, job_key, lock,
+    REASON_BUILD_FAILED, REASON_PLUGIN_CALL_DEFERRED, hash_json, job_key, lock,
 };
 use crate::api::TRAINJOBS;
 use crate::controller::lifecycle::{format_time, is_finished, is_true, set_condition};
@@ -233,15 +235,19 @@ impl Dispatch {
         object: &Value,
     ) -> Result<(Arc<TrainJob>, Arc<sdk::Runtime>, Pipeline), String> {
         let meta = &object["metadata"];
+        let mut labels_and_annotations = std::collections::hash_map::DefaultHasher::new();
+        hash_json(&meta["labels"], &mut labels_and_annotations);
+        hash_json(&meta["annotations"], &mut labels_and_annotations);
         let cache_key = (
             meta["uid"].as_str().unwrap_or_default().to_string(),
             meta["generation"].as_i64().unwrap_or(0),
-            hash_of(&(meta["labels"].to_string(), meta["annotations"].to_string())),
+            labels_and_annotations.finish(),
         );
         let job = match self.typed.get(&cache_key) {
             Some(job) => job,
             None => {
-                let job: TrainJob = serde_json::from_value(object.clone())
+                // From the borrowed tree: no copy of it to consume.
+                let job = TrainJob::deserialize(object)
                     .map_err(|e| format!("the stored TrainJob cannot be read: {e}"))?;
                 let job = Arc::new(job);
                 self.typed.insert(cache_key, job.clone());
@@ -459,5 +465,31 @@ mod tests {
         assert_eq!(milli("1Gi").unwrap(), 1_073_741_824_000);
         assert_eq!(milli("1n").unwrap(), 1);
         assert!(milli("two").is_err());
+    }
+
+    /// The typed-TrainJob cache is keyed by a hash of labels and
+    /// annotations: equal trees hash alike, and a change of a value, of its
+    /// type or of its nesting does not.
+    #[test]
+    fn labels_and_annotations_hash_by_value_type_and_shape() {
+        let hash = |v: &Value| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            hash_json(v, &mut h);
+            h.finish()
+        };
+        let base = serde_json::json!({"a": "1", "b": {"c": [true, null]}});
+        assert_eq!(hash(&base), hash(&base.clone()));
+        for other in [
+            serde_json::json!({"a": "2", "b": {"c": [true, null]}}),
+            serde_json::json!({"a": 1, "b": {"c": [true, null]}}),
+            serde_json::json!({"a": ["1"], "b": {"c": [true, null]}}),
+            serde_json::json!({"a": "1", "b": {"c": [true]}}),
+            serde_json::json!({"a": "1", "b": {"c": [null, true]}}),
+            serde_json::json!({"a": "1", "b": {"c": [[true, null]]}}),
+            serde_json::json!({"a": "1"}),
+            Value::Null,
+        ] {
+            assert_ne!(hash(&base), hash(&other), "{other}");
+        }
     }
 }

@@ -307,6 +307,42 @@ fn hash_of(v: &impl Hash) -> u64 {
     h.finish()
 }
 
+/// Feeds a JSON value to `h` as it is, without printing it first (what
+/// `to_string` and a hash of the text cost: an allocation and a copy of
+/// every byte). Objects hash in their keys' order.
+fn hash_json(v: &Value, h: &mut impl Hasher) {
+    match v {
+        Value::Null => h.write_u8(0),
+        Value::Bool(b) => {
+            h.write_u8(1);
+            b.hash(h);
+        }
+        Value::Number(n) => {
+            h.write_u8(2);
+            n.hash(h);
+        }
+        Value::String(s) => {
+            h.write_u8(3);
+            s.hash(h);
+        }
+        Value::Array(items) => {
+            h.write_u8(4);
+            h.write_usize(items.len());
+            for item in items {
+                hash_json(item, h);
+            }
+        }
+        Value::Object(map) => {
+            h.write_u8(5);
+            h.write_usize(map.len());
+            for (k, item) in map {
+                k.hash(h);
+                hash_json(item, h);
+            }
+        }
+    }
+}
+
 fn job_key(namespace: &str, name: &str) -> JobKey {
     JobKey {
         namespace: namespace.to_string(),

@@ -212,7 +212,6 @@ pub struct Pipeline {
     general: Vec<Arc<dyn PhasePlugin>>,
     ml: Arc<dyn PhasePlugin>,
     pod_group: Option<Arc<dyn PhasePlugin>>,
-    runtime_json: String,
 }
 
 impl Pipeline {
@@ -282,16 +281,10 @@ impl Pipeline {
                     })?,
             ),
         };
-        let runtime_json =
-            serde_json::to_string(runtime).map_err(|e| PipelineError::Serialize {
-                what: "runtime",
-                reason: e.to_string(),
-            })?;
         Ok(Pipeline {
             general,
             ml,
             pod_group,
-            runtime_json,
         })
     }
 
@@ -313,10 +306,12 @@ impl Pipeline {
         self.applicable().map(|p| p.id().name.clone()).collect()
     }
 
-    /// PreExecution: all applicable plugins' validation, plus the host's own
-    /// check that `spec.trainer.env` sets no name a plugin reserves.
-    pub fn validate(&self, job: &TrainJob) -> Result<Validation, PipelineError> {
+    /// PreExecution: all applicable plugins' validation against `runtime`
+    /// (the one the pipeline was selected for), plus the host's own check
+    /// that `spec.trainer.env` sets no name a plugin reserves.
+    pub fn validate(&self, job: &TrainJob, runtime: &Runtime) -> Result<Validation, PipelineError> {
         let job_json = to_json("TrainJob", job)?;
+        let runtime_json = to_json("runtime", runtime)?;
         let mut result = Validation::default();
         for plugin in self.applicable() {
             if plugin
@@ -324,7 +319,7 @@ impl Pipeline {
                 .capabilities
                 .contains(Capabilities::VALIDATE)
             {
-                result.merge(plugin.validate(&job_json, &self.runtime_json)?);
+                result.merge(plugin.validate(&job_json, &runtime_json)?);
             }
         }
         let env = job
