@@ -555,21 +555,14 @@ impl Dispatch {
             published.workloads.keys().cloned().collect();
         let (jobs, cqs, lqs) = {
             let state = lock(&self.state);
-            let names: Vec<String> = state
-                .quotas()
-                .config()
-                .cluster_queues
-                .keys()
-                .cloned()
-                .collect();
-            let cqs: Vec<(String, ClusterQueueStatus)> = names
-                .into_iter()
-                .filter_map(|n| state.cluster_queue_status(&n).map(|s| (n, s)))
-                .collect();
+            let cqs: Vec<(String, ClusterQueueStatus)> = state.cluster_queue_statuses();
+            let mut lq_statuses = state.local_queue_statuses();
             let lqs: Vec<_> = local_queues
                 .into_iter()
                 .map(|(ns, name, cq)| {
-                    let status = state.local_queue_status(&ns, &name);
+                    let status = lq_statuses
+                        .remove(&(ns.clone(), name.clone()))
+                        .unwrap_or_default();
                     let active = state.quotas().cluster_queue(&cq).is_some()
                         && state.quotas().inactive(&cq).is_none();
                     (ns, name, cq, status, active)

@@ -1,7 +1,7 @@
 //! Read-only views of quota in dispatch: why a job waits and its place in
 //! its queues, and the status numbers of ClusterQueues and LocalQueues.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{Dispatcher, JobKey, Phase};
 use crate::dispatch::quota::{ClusterQueueStatus, LocalQueueStatus, StopPolicy, Waiting, reason};
@@ -45,47 +45,70 @@ impl Dispatcher {
 
     /// A ClusterQueue's status numbers; None if there is no such queue.
     pub fn cluster_queue_status(&self, name: &str) -> Option<ClusterQueueStatus> {
-        let cq = self.quotas.cluster_queue(name)?;
-        let pending = self
-            .queue
-            .of(name)
-            .filter(|k| !self.quotas.is_reserved(k))
-            .count();
-        let (mut reserving, mut admitted) = (0, 0);
+        self.cluster_queue_statuses()
+            .into_iter()
+            .find_map(|(n, s)| (n == name).then_some(s))
+    }
+
+    /// Every ClusterQueue's status numbers, by name, from one pass over
+    /// the reservations (what a publisher asks for all of them at once
+    /// costs one pass, however many queues there are).
+    pub fn cluster_queue_statuses(&self) -> Vec<(String, ClusterQueueStatus)> {
+        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
         for (_, r) in self.quotas.reservations() {
-            if r.cluster_queue == name {
-                reserving += 1;
-                admitted += usize::from(r.admitted.is_some());
-            }
+            let (reserving, admitted) = counts.entry(r.cluster_queue.as_str()).or_default();
+            *reserving += 1;
+            *admitted += usize::from(r.admitted.is_some());
         }
-        let inactive = self.quotas.inactive(name).map(str::to_string).or_else(|| {
-            (cq.stop_policy != StopPolicy::None)
-                .then(|| format!("stopped (stopPolicy {:?})", cq.stop_policy))
-        });
-        Some(ClusterQueueStatus {
-            flavors_reservation: self.quotas.flavors_usage(name, false),
-            flavors_usage: self.quotas.flavors_usage(name, true),
-            pending_workloads: pending,
-            reserving_workloads: reserving,
-            admitted_workloads: admitted,
-            inactive,
-        })
+        self.quotas
+            .config()
+            .cluster_queues
+            .iter()
+            .map(|(name, cq)| {
+                let pending = self
+                    .queue
+                    .of(name)
+                    .filter(|k| !self.quotas.is_reserved(k))
+                    .count();
+                let (reserving, admitted) = counts.get(name.as_str()).copied().unwrap_or_default();
+                let inactive = self.quotas.inactive(name).map(str::to_string).or_else(|| {
+                    (cq.stop_policy != StopPolicy::None)
+                        .then(|| format!("stopped (stopPolicy {:?})", cq.stop_policy))
+                });
+                let status = ClusterQueueStatus {
+                    flavors_reservation: self.quotas.flavors_usage(name, false),
+                    flavors_usage: self.quotas.flavors_usage(name, true),
+                    pending_workloads: pending,
+                    reserving_workloads: reserving,
+                    admitted_workloads: admitted,
+                    inactive,
+                };
+                (name.clone(), status)
+            })
+            .collect()
     }
 
     /// A LocalQueue's status numbers (zero for one nothing names).
     pub fn local_queue_status(&self, namespace: &str, name: &str) -> LocalQueueStatus {
-        let mut status = LocalQueueStatus::default();
-        let mut reserved: BTreeMap<(String, String), i64> = BTreeMap::new();
-        let mut used: BTreeMap<(String, String), i64> = BTreeMap::new();
+        self.local_queue_statuses()
+            .remove(&(namespace.to_string(), name.to_string()))
+            .unwrap_or_default()
+    }
+
+    /// The status numbers of every LocalQueue some job names, by namespace
+    /// and name, from one pass over the jobs (a LocalQueue no job names
+    /// has the default, zero, status).
+    pub fn local_queue_statuses(&self) -> HashMap<(String, String), LocalQueueStatus> {
+        type Totals = BTreeMap<(String, String), i64>;
+        let mut acc: HashMap<(&str, &str), (LocalQueueStatus, Totals, Totals)> = HashMap::new();
         for job in self.jobs.values() {
             let Some(queue) = &job.info.queue else {
                 continue;
             };
-            if job.info.key.namespace != namespace || queue.local_queue != name {
-                continue;
-            }
+            let key = (job.info.key.namespace.as_str(), queue.local_queue.as_str());
             match self.quotas.reservation(&job.info.key) {
                 Some(r) => {
+                    let (status, reserved, used) = acc.entry(key).or_default();
                     status.reserving_workloads += 1;
                     for (fr, amount) in &r.assignment.usage {
                         *reserved.entry(fr.clone()).or_default() += amount;
@@ -98,14 +121,18 @@ impl Dispatcher {
                     }
                 }
                 None if matches!(job.phase, Phase::Queued { .. }) => {
-                    status.pending_workloads += 1;
+                    acc.entry(key).or_default().0.pending_workloads += 1;
                 }
                 None => {}
             }
         }
-        status.flavors_reservation = by_flavor(reserved);
-        status.flavor_usage = by_flavor(used);
-        status
+        acc.into_iter()
+            .map(|((namespace, name), (mut status, reserved, used))| {
+                status.flavors_reservation = by_flavor(reserved);
+                status.flavor_usage = by_flavor(used);
+                ((namespace.to_string(), name.to_string()), status)
+            })
+            .collect()
     }
 }
 

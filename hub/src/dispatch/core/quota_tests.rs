@@ -9,8 +9,9 @@ use serde_json::json;
 
 use super::*;
 use crate::dispatch::quota::{
-    BorrowWithinCohort, ClusterQueue, Flavor, FlavorQuotas, QueueingStrategy, Quota, QuotaConfig,
-    ReclaimWithinCohort, ResourceGroup, StopPolicy, WithinClusterQueue, reason as kueue,
+    BorrowWithinCohort, ClusterQueue, Flavor, FlavorQuotas, LocalQueueStatus, QueueingStrategy,
+    Quota, QuotaConfig, ReclaimWithinCohort, ResourceGroup, StopPolicy, WithinClusterQueue,
+    reason as kueue,
 };
 use trainhub_apiserver::selector::LabelSelector;
 
@@ -1092,4 +1093,79 @@ fn saturation_with_quotas_on() {
         f64::from(done) / elapsed.as_secs_f64()
     );
     assert_eq!(done, jobs);
+}
+
+/// The publisher asks for every queue's status at once: one pass gives
+/// each LocalQueue (told apart by namespace and name) and each
+/// ClusterQueue, an empty one included, what asking for it alone gives.
+#[test]
+fn every_queues_status_at_once_matches_each_asked_alone() {
+    let mut d = dispatcher();
+    d.set_quota_config(
+        config(
+            vec![flavor("f", None)],
+            vec![
+                cq("cq", None, &[("f", 4000)]),
+                cq("idle", None, &[("f", 1000)]),
+            ],
+        ),
+        0,
+    );
+    connect(&mut d, "s1", "a", 16_000);
+    // lq in team: a and b reserve, c waits; lq in other: d waits behind them.
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        d.upsert_job(managed(name, "cq", 2000, 0, i as i64), None, 0);
+    }
+    let mut other = managed("d", "cq", 1000, 0, 3);
+    other.key.namespace = "other".into();
+    other.uid = "uid-other-d".into();
+    d.upsert_job(other, None, 0);
+    place(&mut d, "a", "s1", 1);
+
+    let all = d.local_queue_statuses();
+    assert_eq!(all.len(), 2, "{all:?}");
+    for (namespace, counts) in [("team", (1, 2, 1)), ("other", (1, 0, 0))] {
+        let alone = d.local_queue_status(namespace, "lq");
+        assert_eq!(all[&(namespace.to_string(), "lq".to_string())], alone);
+        assert_eq!(
+            (
+                alone.pending_workloads,
+                alone.reserving_workloads,
+                alone.admitted_workloads
+            ),
+            counts,
+            "{namespace}"
+        );
+    }
+    assert_eq!(
+        d.local_queue_status("team", "nobody"),
+        LocalQueueStatus::default()
+    );
+
+    let cqs = d.cluster_queue_statuses();
+    assert_eq!(
+        cqs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["cq", "idle"]
+    );
+    for (name, status) in &cqs {
+        assert_eq!(d.cluster_queue_status(name).as_ref(), Some(status));
+    }
+    let busy = &cqs[0].1;
+    assert_eq!(
+        (
+            busy.pending_workloads,
+            busy.reserving_workloads,
+            busy.admitted_workloads
+        ),
+        (2, 2, 1)
+    );
+    assert_eq!(
+        (
+            cqs[1].1.pending_workloads,
+            cqs[1].1.reserving_workloads,
+            cqs[1].1.admitted_workloads
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(d.cluster_queue_status("missing"), None);
 }
