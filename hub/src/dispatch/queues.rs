@@ -262,9 +262,80 @@ pub(super) struct Eviction {
 pub(super) struct Published {
     /// Whether the Workloads in the store were listed (once a run).
     listed: bool,
-    workloads: HashMap<super::core::JobKey, (String, u64)>,
+    workloads: HashMap<super::core::JobKey, PublishedWorkload>,
     cluster_queues: HashMap<String, u64>,
     local_queues: HashMap<(String, String), u64>,
+}
+
+/// A Workload as this publisher last wrote it.
+#[derive(Debug)]
+struct PublishedWorkload {
+    name: String,
+    /// The fingerprint it was written for (0: listed, not written by this
+    /// run).
+    hash: u64,
+    /// What its next write keeps, while the TrainJob may still change; None:
+    /// read the stored Workload (one listed, or a finished TrainJob's).
+    known: Option<Box<Known>>,
+}
+
+/// What a Workload's next write keeps of it: its identity and its
+/// conditions (the rest of its status is computed anew), so that the
+/// publisher, the only writer of Workloads, does not read back and decode
+/// the Workload it wrote for each change of a TrainJob.
+#[derive(Debug, PartialEq)]
+struct Known {
+    uid: String,
+    created: String,
+    /// type, status, reason, message, lastTransitionTime
+    conditions: Vec<[String; 5]>,
+}
+
+impl Known {
+    const FIELDS: [&'static str; 5] = ["type", "status", "reason", "message", "lastTransitionTime"];
+
+    /// From a Workload as written; None if it is not one the publisher
+    /// writes (a field missing or not a string).
+    fn of(workload: &Value) -> Option<Known> {
+        let meta = &workload["metadata"];
+        let conditions = match &workload["status"]["conditions"] {
+            Value::Null => Vec::new(),
+            Value::Array(items) => items
+                .iter()
+                .map(|c| {
+                    let [t, s, r, m, l] = Self::FIELDS.map(|f| c[f].as_str().map(String::from));
+                    Some([t?, s?, r?, m?, l?])
+                })
+                .collect::<Option<_>>()?,
+            _ => return None,
+        };
+        Some(Known {
+            uid: meta["uid"].as_str()?.to_string(),
+            created: meta["creationTimestamp"].as_str()?.to_string(),
+            conditions,
+        })
+    }
+
+    /// The status the next write starts from: the conditions.
+    fn status(&self) -> Value {
+        if self.conditions.is_empty() {
+            return json!({});
+        }
+        let conditions: Vec<Value> = self
+            .conditions
+            .iter()
+            .map(|c| {
+                Value::Object(
+                    Self::FIELDS
+                        .iter()
+                        .zip(c)
+                        .map(|(k, v)| ((*k).to_string(), Value::from(v.as_str())))
+                        .collect(),
+                )
+            })
+            .collect();
+        json!({ "conditions": conditions })
+    }
 }
 
 fn waiting_message(w: &Waiting, queue: &QueueRef) -> String {
@@ -575,7 +646,7 @@ impl Dispatch {
                 state.queued_jobs(POSITIONS_SHOWN, |key, uid, fingerprint| {
                     gone.remove(key);
                     let eviction = evictions.get(key).filter(|e| e.uid == uid);
-                    workloads.get(key).map(|(_, h)| *h) == Some(hash_of(&(fingerprint, eviction)))
+                    workloads.get(key).map(|w| w.hash) == Some(hash_of(&(fingerprint, eviction)))
                 })
             };
             (jobs, cqs, lqs)
@@ -641,9 +712,14 @@ impl Dispatch {
         for w in stored {
             let owner = &w.value["metadata"]["ownerReferences"][0];
             if let Some(name) = owner["name"].as_str() {
-                published
-                    .workloads
-                    .insert(job_key(&w.key.namespace, name), (w.key.name.clone(), 0));
+                published.workloads.insert(
+                    job_key(&w.key.namespace, name),
+                    PublishedWorkload {
+                        name: w.key.name.clone(),
+                        hash: 0,
+                        known: None,
+                    },
+                );
             }
         }
     }
@@ -659,19 +735,24 @@ impl Dispatch {
     ) {
         for (job, fingerprint) in jobs {
             let eviction = evictions.get(&job.key).filter(|e| e.uid == job.uid);
-            let Some(name) = self.write_workload(&job, eviction) else {
+            let known = published
+                .workloads
+                .get_mut(&job.key)
+                .and_then(|w| w.known.take());
+            let Some((name, known)) = self.write_workload(&job, eviction, known) else {
                 continue;
             };
+            let hash = hash_of(&(fingerprint, eviction));
             published
                 .workloads
-                .insert(job.key.clone(), (name, hash_of(&(fingerprint, eviction))));
+                .insert(job.key.clone(), PublishedWorkload { name, hash, known });
             if eviction.is_some() && matches!(job.state, QueueState::Reserved { .. }) {
                 lock(&self.evictions).remove(&job.key);
             }
         }
         for key in gone {
             lock(&self.evictions).remove(&key);
-            if let Some((name, _)) = published.workloads.remove(&key) {
+            if let Some(PublishedWorkload { name, .. }) = published.workloads.remove(&key) {
                 self.write(vec![Op::Remove {
                     key: Key::new(WORKLOADS, Some(&key.namespace), &name),
                 }]);
@@ -682,8 +763,16 @@ impl Dispatch {
     /// Writes the Workload of `job`, and mirrors its conditions on the
     /// TrainJob once it has waited or been evicted, with an Event when it
     /// starts to wait or gets its quota (see [`Self::mirror_conditions`]).
-    /// The Workload's name; None if the TrainJob is gone.
-    fn write_workload(&self, job: &QueuedJob, eviction: Option<&Eviction>) -> Option<String> {
+    /// `known`: what this publisher last wrote of it, else it is read from
+    /// the store. The Workload's name and what its next write keeps (None
+    /// once the TrainJob finished: it is not written again but on an
+    /// eviction or a deletion); None if the TrainJob is gone.
+    fn write_workload(
+        &self,
+        job: &QueuedJob,
+        eviction: Option<&Eviction>,
+        known: Option<Box<Known>>,
+    ) -> Option<(String, Option<Box<Known>>)> {
         let trainjob_key = Key::new(TRAINJOBS, Some(&job.key.namespace), &job.key.name);
         let trainjob = self.store.get(&trainjob_key)?;
         if trainjob.value["metadata"]["uid"].as_str() != Some(job.uid.as_str()) {
@@ -702,14 +791,18 @@ impl Dispatch {
         let name = wl["metadata"]["name"].as_str()?.to_string();
         let key = Key::new(WORKLOADS, Some(&job.key.namespace), &name);
         let now = format_time(Timestamp::now());
-        let existing = self.store.get(&key);
-        let (uid, created, mut status) = match &existing {
-            Some(o) => (
+        let existing = match &known {
+            Some(_) => None,
+            None => self.store.get(&key),
+        };
+        let (uid, created, mut status) = match (&known, &existing) {
+            (Some(k), _) => (k.uid.as_str().into(), k.created.as_str().into(), k.status()),
+            (None, Some(o)) => (
                 o.value["metadata"]["uid"].clone(),
                 o.value["metadata"]["creationTimestamp"].clone(),
                 o.value["status"].clone(),
             ),
-            None => (
+            (None, None) => (
                 workload::workload_uid(&job.uid).into(),
                 now.clone().into(),
                 json!({}),
@@ -776,9 +869,12 @@ impl Dispatch {
             }
         }
         wl["status"] = status;
+        let known = (job.want != Want::Finished)
+            .then(|| Known::of(&wl).map(Box::new))
+            .flatten();
         self.write(vec![Op::Put { key, value: wl }]);
         self.mirror_conditions(job, &trainjob.value, &conds);
-        Some(name)
+        Some((name, known))
     }
 
     /// Sets `conds` on the TrainJob, and records an Event when its
@@ -878,6 +974,85 @@ mod tests {
             "{}",
             far[0].3
         );
+    }
+
+    /// What the publisher keeps of a Workload it wrote gives back the
+    /// status its next write starts from, conditions as they were; a
+    /// Workload it could not have written (a condition field missing) is
+    /// read from the store instead.
+    #[test]
+    fn a_written_workloads_conditions_are_kept_for_its_next_write() {
+        let mut status = json!({});
+        set_condition(
+            &mut status,
+            conditions::QUOTA_RESERVED,
+            "True",
+            "QuotaReserved",
+            "Quota reserved in ClusterQueue cq",
+            "2026-11-27T19:00:00Z",
+        );
+        set_condition(
+            &mut status,
+            conditions::ADMITTED,
+            "False",
+            "Pending",
+            "waiting for a spoke",
+            "2026-11-27T19:00:01Z",
+        );
+        let wl = json!({
+            "metadata": {"uid": "wl-uid", "creationTimestamp": "2026-11-27T18:59:59Z"},
+            "status": {
+                "conditions": status["conditions"].clone(),
+                "admission": {"clusterQueue": "cq"},
+            },
+        });
+        let known = Known::of(&wl).expect("kept");
+        assert_eq!(
+            (known.uid.as_str(), known.created.as_str()),
+            ("wl-uid", "2026-11-27T18:59:59Z")
+        );
+        assert_eq!(
+            known.status(),
+            json!({"conditions": status["conditions"].clone()})
+        );
+        // The next write moves a transition time only where the status moved.
+        let mut next = known.status();
+        set_condition(
+            &mut next,
+            conditions::ADMITTED,
+            "True",
+            "Admitted",
+            "on spoke s1",
+            "2026-11-27T19:00:02Z",
+        );
+        set_condition(
+            &mut next,
+            conditions::QUOTA_RESERVED,
+            "True",
+            "QuotaReserved",
+            "Quota reserved in ClusterQueue cq",
+            "2026-11-27T19:00:02Z",
+        );
+        assert_eq!(
+            next["conditions"][0]["lastTransitionTime"],
+            "2026-11-27T19:00:00Z"
+        );
+        assert_eq!(
+            next["conditions"][1]["lastTransitionTime"],
+            "2026-11-27T19:00:02Z"
+        );
+
+        let none = json!({"metadata": {"uid": "u", "creationTimestamp": "t"}});
+        assert_eq!(Known::of(&none).map(|k| k.status()), Some(json!({})));
+        let mut odd = wl.clone();
+        odd["status"]["conditions"][1]
+            .as_object_mut()
+            .unwrap()
+            .remove("message");
+        assert_eq!(Known::of(&odd), None);
+        let mut nameless = wl;
+        nameless["metadata"].as_object_mut().unwrap().remove("uid");
+        assert_eq!(Known::of(&nameless), None);
     }
 
     #[test]
