@@ -56,34 +56,56 @@ impl Dispatcher {
                 continue;
             };
             let key = &job.info.key;
-            let state = match (self.quotas.reservation(key), &job.phase) {
+            let reservation = self.quotas.reservation(key);
+            let waiting = match (reservation, &job.phase) {
+                (None, Phase::Queued { .. }) => {
+                    let (why, message) = self
+                        .waiting
+                        .get(key)
+                        .map_or((reason::PENDING, "waiting to be tried"), |(w, m)| {
+                            (*w, m.as_str())
+                        });
+                    let (in_cq, in_lq) = positions.get(key).copied().unwrap_or_default();
+                    Some((
+                        why,
+                        message,
+                        in_cq.min(positions_shown),
+                        in_lq.min(positions_shown),
+                    ))
+                }
+                _ => None,
+            };
+            // The fingerprint of what the job's Workload says, from the
+            // parts as they are: most jobs are unchanged at most passes and
+            // are not copied out at all.
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&job.info.uid, job.info.want, job.info.priority).hash(&mut h);
+            match (reservation, waiting) {
+                (Some(r), _) => {
+                    let spoke = r.admitted.as_ref().map(|(spoke, _)| spoke);
+                    (0u8, &r.cluster_queue, &r.assignment, spoke).hash(&mut h);
+                }
+                (None, Some(w)) => (1u8, w).hash(&mut h),
+                (None, None) => 2u8.hash(&mut h),
+            }
+            let fingerprint = h.finish();
+            if unchanged(key, &job.info.uid, fingerprint) {
+                continue;
+            }
+            let state = match (reservation, waiting) {
                 (Some(r), _) => QueueState::Reserved {
                     cluster_queue: r.cluster_queue.clone(),
                     assignment: r.assignment.clone(),
                     spoke: r.admitted.as_ref().map(|(spoke, _)| spoke.clone()),
                 },
-                (None, Phase::Queued { .. }) => {
-                    let (why, message) = self
-                        .waiting
-                        .get(key)
-                        .cloned()
-                        .unwrap_or((reason::PENDING, "waiting to be tried".to_string()));
-                    let (in_cq, in_lq) = positions.get(key).copied().unwrap_or_default();
-                    QueueState::Waiting(Waiting {
-                        reason: why,
-                        message,
-                        position_in_cluster_queue: in_cq.min(positions_shown),
-                        position_in_local_queue: in_lq.min(positions_shown),
-                    })
-                }
-                (None, _) => QueueState::Idle,
+                (None, Some((why, message, in_cq, in_lq))) => QueueState::Waiting(Waiting {
+                    reason: why,
+                    message: message.to_string(),
+                    position_in_cluster_queue: in_cq,
+                    position_in_local_queue: in_lq,
+                }),
+                (None, None) => QueueState::Idle,
             };
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (&job.info.uid, &state, job.info.want, job.info.priority).hash(&mut h);
-            let fingerprint = h.finish();
-            if unchanged(key, &job.info.uid, fingerprint) {
-                continue;
-            }
             out.push((
                 QueuedJob {
                     key: key.clone(),
