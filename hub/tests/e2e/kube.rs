@@ -439,10 +439,12 @@ async fn an_mpi_trainjob_brings_its_hostfile_and_ssh_secret_to_the_spoke() {
         s.jobset("default", "mpi")
     })
     .await;
-    let hostfile = spoke
-        .object(Kind::ConfigMap, "default", "mpi-mpi-hostfile")
-        .await
-        .expect("the hostfile ConfigMap");
+    // The spoke creates them after the JobSet, which owns them (their
+    // owner references need its uid): they may come a moment later.
+    let hostfile = eventually("the hostfile ConfigMap", h, move || {
+        s.object(Kind::ConfigMap, "default", "mpi-mpi-hostfile")
+    })
+    .await;
     let lines: Vec<&str> = hostfile["data"]["hostfile"]
         .as_str()
         .expect("data.hostfile")
@@ -450,10 +452,10 @@ async fn an_mpi_trainjob_brings_its_hostfile_and_ssh_secret_to_the_spoke() {
         .collect();
     assert_eq!(lines.len(), 2, "one line per node: {lines:?}");
     assert!(lines.iter().all(|l| l.contains("slots=")), "{lines:?}");
-    let secret = spoke
-        .object(Kind::Secret, "default", "mpi-mpi-ssh-auth")
-        .await
-        .expect("the SSH Secret");
+    let secret = eventually("the SSH Secret", h, move || {
+        s.object(Kind::Secret, "default", "mpi-mpi-ssh-auth")
+    })
+    .await;
     assert_eq!(secret["type"], "kubernetes.io/ssh-auth");
     assert!(secret["data"]["ssh-privatekey"].is_string(), "{secret:#}");
     assert!(secret["data"]["ssh-publickey"].is_string(), "{secret:#}");
