@@ -44,6 +44,9 @@ impl Dispatcher {
     }
 
     /// A ClusterQueue's status numbers; None if there is no such queue.
+    /// (For tests: each call is a pass over every reservation; code asks
+    /// for [`Self::cluster_queue_statuses`] once.)
+    #[cfg(test)]
     pub fn cluster_queue_status(&self, name: &str) -> Option<ClusterQueueStatus> {
         self.cluster_queue_statuses()
             .into_iter()
@@ -88,7 +91,10 @@ impl Dispatcher {
             .collect()
     }
 
-    /// A LocalQueue's status numbers (zero for one nothing names).
+    /// A LocalQueue's status numbers (zero for one nothing names). (For
+    /// tests: each call is a pass over every job; code asks for
+    /// [`Self::local_queue_statuses`] once.)
+    #[cfg(test)]
     pub fn local_queue_status(&self, namespace: &str, name: &str) -> LocalQueueStatus {
         self.local_queue_statuses()
             .remove(&(namespace.to_string(), name.to_string()))
