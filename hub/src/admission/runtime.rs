@@ -153,7 +153,7 @@ mod tests {
             errors,
             [
                 "spec.template.spec.replicatedJobs[0].replicas: Invalid value: 2: always must be 1",
-                "spec.template.spec.replicatedJobs[1].template.spec.template.spec.containers: Invalid value: [{\"name\":\"trainer\",\"image\":\"i\"}]: must contain the required container for the ancestor: trainer",
+                "spec.template.spec.replicatedJobs[1].template.spec.template.spec.containers: Invalid value: [{\"image\":\"i\",\"name\":\"trainer\"}]: must contain the required container for the ancestor: trainer",
             ]
         );
     }

@@ -942,12 +942,12 @@ mod tests {
             messages(&s.validate(&v, None, "")),
             [
                 "spec.name: Required value",
-                "spec.count: Invalid value: 0: spec.count in body should be greater than or equal to 1",
-                "spec.mode: Unsupported value: \"B\": supported values: \"A\", \"\"",
-                "spec.flag: Invalid value: \"string\": spec.flag in body must be of type boolean: \"string\"",
-                "spec.size: Invalid value: \"12X\": spec.size in body should match '^[0-9]+[KMG]?$'",
                 "spec.at: Invalid value: \"yesterday\": spec.at in body must be of type date-time: \"yesterday\"",
+                "spec.count: Invalid value: 0: spec.count in body should be greater than or equal to 1",
+                "spec.flag: Invalid value: \"string\": spec.flag in body must be of type boolean: \"string\"",
                 "spec.items: Too many: must have at most 2 items",
+                "spec.mode: Unsupported value: \"B\": supported values: \"A\", \"\"",
+                "spec.size: Invalid value: \"12X\": spec.size in body should match '^[0-9]+[KMG]?$'",
                 "spec.items[1]: Duplicate value: {\"name\":\"a\"}",
                 "spec.tags[1]: Duplicate value: \"x\"",
             ]
@@ -973,8 +973,8 @@ mod tests {
         assert_eq!(
             messages(&s.validate(&changed, Some(&old), "")),
             [
-                "spec.ref: Invalid value: \"string\": field is immutable",
                 "spec.items[0].v: Invalid value: \"integer\": v is immutable",
+                "spec.ref: Invalid value: \"string\": field is immutable",
             ]
         );
         // On create, transition rules are not evaluated.

@@ -309,7 +309,8 @@ fn hash_of(v: &impl Hash) -> u64 {
 
 /// Feeds a JSON value to `h` as it is, without printing it first (what
 /// `to_string` and a hash of the text cost: an allocation and a copy of
-/// every byte). Objects hash in their keys' order.
+/// every byte). Objects hash in their keys' order, which is sorted, so
+/// equal objects hash alike.
 fn hash_json(v: &Value, h: &mut impl Hasher) {
     match v {
         Value::Null => h.write_u8(0),

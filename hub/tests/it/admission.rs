@@ -418,7 +418,7 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
             vec![cause(
                 "spec.runtimeRef",
                 "FieldValueInvalid",
-                "Invalid value: {\"name\":\"nope\",\"apiGroup\":\"trainer.kubeflow.org\",\"kind\":\"ClusterTrainingRuntime\"}: clustertrainingruntimes.trainer.kubeflow.org \"nope\" not found: specified clusterTrainingRuntime must be created before the TrainJob is created",
+                "Invalid value: {\"apiGroup\":\"trainer.kubeflow.org\",\"kind\":\"ClusterTrainingRuntime\",\"name\":\"nope\"}: clustertrainingruntimes.trainer.kubeflow.org \"nope\" not found: specified clusterTrainingRuntime must be created before the TrainJob is created",
             )],
         ),
         (
@@ -429,7 +429,7 @@ async fn invalid_trainjobs_answer_422_with_field_causes() {
             vec![cause(
                 "spec.runtimeRef",
                 "FieldValueInvalid",
-                "Invalid value: {\"name\":\"torch-distributed\",\"apiGroup\":\"trainer.kubeflow.org\",\"kind\":\"TrainingRuntime\"}: trainingruntimes.trainer.kubeflow.org \"torch-distributed\" not found: specified trainingRuntime must be created before the TrainJob is created",
+                "Invalid value: {\"apiGroup\":\"trainer.kubeflow.org\",\"kind\":\"TrainingRuntime\",\"name\":\"torch-distributed\"}: trainingruntimes.trainer.kubeflow.org \"torch-distributed\" not found: specified trainingRuntime must be created before the TrainJob is created",
             )],
         ),
         (
@@ -712,8 +712,8 @@ async fn status_writes_check_the_status_only() {
     assert_eq!(
         fields,
         [
-            "status.conditions[0].status",
             "status.conditions[0].lastTransitionTime",
+            "status.conditions[0].status",
         ],
         "{found:?}"
     );

@@ -176,7 +176,7 @@ fn strip(set: &mut FieldSet, scope: &ManagerScope) {
 fn without_managed_fields(obj: &Value) -> Value {
     let mut o = obj.clone();
     if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.shift_remove("managedFields");
+        m.remove("managedFields");
     }
     o
 }
@@ -211,7 +211,7 @@ fn set_managed_fields(obj: &mut Value, mut entries: Vec<Entry>) {
     }
     if let Some(meta) = meta.as_object_mut() {
         if entries.is_empty() {
-            meta.shift_remove("managedFields");
+            meta.remove("managedFields");
         } else {
             meta.insert(
                 "managedFields".into(),

@@ -571,7 +571,7 @@ impl Typer<'_> {
                 let mut out = l.clone();
                 for (k, cv) in c {
                     if cv.is_null() {
-                        out.shift_remove(k);
+                        out.remove(k);
                         continue;
                     }
                     names.push(k.clone());
@@ -666,7 +666,7 @@ impl Typer<'_> {
                     let kchild = keep.and_then(|k| k.children().get(pe));
                     let kept = kchild.is_some_and(FieldSet::has_members);
                     if rchild.is_member() && !kept {
-                        m.shift_remove(name);
+                        m.remove(name);
                         continue;
                     }
                     let Some(child) = m.get_mut(name) else {
@@ -680,7 +680,7 @@ impl Typer<'_> {
                     names.pop();
                     let now_empty = child.as_object().is_some_and(Map::is_empty);
                     if now_empty && !was_empty && !kept {
-                        m.shift_remove(name);
+                        m.remove(name);
                     }
                 }
             }

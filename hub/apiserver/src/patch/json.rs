@@ -359,7 +359,7 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
     };
     match get_mut(doc, parent).ok_or_else(missing)? {
         Value::Object(m) => m
-            .shift_remove(last)
+            .remove(last)
             .ok_or_else(|| format!("Unable to remove nonexistent key: {last}: missing value")),
         Value::Array(a) => {
             let i = index(last, a.len(), false)?;

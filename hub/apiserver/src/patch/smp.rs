@@ -138,7 +138,7 @@ fn merge_map(
     if let Some(directive) = patch.get(DIRECTIVE).cloned() {
         return match directive.as_str() {
             Some("replace") => {
-                patch.shift_remove(DIRECTIVE);
+                patch.remove(DIRECTIVE);
                 Ok(patch)
             }
             Some("delete") => Ok(Map::new()),
@@ -163,7 +163,7 @@ fn merge_map(
         };
 
         if patch_value.is_null() {
-            original.shift_remove(&key);
+            original.remove(&key);
             continue;
         }
 
@@ -181,7 +181,7 @@ fn merge_map(
                 match new_content(patch_value) {
                     Some(v) => *original_value = v,
                     None => {
-                        original.shift_remove(&key);
+                        original.remove(&key);
                     }
                 }
             }
@@ -220,7 +220,7 @@ fn merge_map(
             (slot, p) => match remove_directives(p) {
                 Some(v) => *slot = v,
                 None => {
-                    original.shift_remove(&key);
+                    original.remove(&key);
                 }
             },
         }
@@ -280,7 +280,7 @@ fn apply_retain_keys(
     original: &mut Map<String, Value>,
     patch: &mut Map<String, Value>,
 ) -> Result<(), ApiError> {
-    let Some(retain) = patch.shift_remove(RETAIN_KEYS) else {
+    let Some(retain) = patch.remove(RETAIN_KEYS) else {
         return Ok(());
     };
     let Value::Array(retain) = retain else {
@@ -316,7 +316,7 @@ fn apply_set_element_order(
         .cloned()
         .collect();
     for directive in directives {
-        let Some(order) = patch.shift_remove(&directive) else {
+        let Some(order) = patch.remove(&directive) else {
             continue;
         };
         let Some(field) = directive
@@ -365,7 +365,7 @@ fn apply_set_element_order(
         let server_order = original_list.unwrap_or_default();
         let all = normalize_order(in_order, server_only, &order, &server_order, mk);
         original.insert(field.clone(), Value::Array(all));
-        patch.shift_remove(&field);
+        patch.remove(&field);
     }
     Ok(())
 }

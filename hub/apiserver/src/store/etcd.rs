@@ -756,7 +756,7 @@ fn stored(ops: Vec<Op>, answers: &[TxnOpResponse], revision: Rv) -> (Vec<Object>
 fn encode(value: &Value) -> Result<Vec<u8>, StoreError> {
     let mut value = value.clone();
     if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.shift_remove("resourceVersion");
+        meta.remove("resourceVersion");
     }
     serde_json::to_vec(&value).map_err(|e| StoreError::Storage(format!("encoding: {e}")))
 }
