@@ -231,10 +231,15 @@ pub(super) async fn run(store: &dyn Store, mut rx: mpsc::UnboundedReceiver<Write
 /// Commits `batch` as one store commit, status merges and edits included
 /// (applied to each TrainJob as it is now, each updated once with its
 /// merges and edits in order); a commit that fails is retried write by
-/// write so one bad write does not sink the others. Every write's `done`
-/// learns the outcome.
+/// write (the store hands the operations back) so one bad write does not
+/// sink the others. Every write's `done` learns the outcome.
 async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
-    let mut ops: Vec<Op> = batch.iter().flat_map(|w| w.ops.iter().cloned()).collect();
+    let counts: Vec<usize> = batch.iter().map(|w| w.ops.len()).collect();
+    let own: usize = counts.iter().sum();
+    let mut ops: Vec<Op> = Vec::with_capacity(own + batch.len());
+    for w in &mut batch {
+        ops.append(&mut w.ops);
+    }
     // (key, resourceVersion read, object with the merges and edits, what
     // they did)
     let mut merged: Vec<(Key, Rv, Value, Edited)> = Vec::new();
@@ -285,18 +290,40 @@ async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
             }),
         }
     }
-    if ops.is_empty() || store.commit(ops).await.is_ok() {
-        for w in batch.drain(..) {
-            if let Some(done) = w.done {
-                done(true);
+    let returned = if ops.is_empty() {
+        Ok(Vec::new())
+    } else {
+        store.commit_or_return(ops).await.map_err(|(_, back)| back)
+    };
+    let back = match returned {
+        Ok(_) => {
+            for w in batch {
+                if let Some(done) = w.done {
+                    done(true);
+                }
             }
+            return;
         }
-        return;
-    }
-    for w in batch.drain(..) {
+        Err(back) => back,
+    };
+    // Each write gets its own operations back (they come first, in order;
+    // the merged updates after them are made again below). A failed write
+    // to storage may have kept them: those writes fail.
+    let whole = back.len() >= own;
+    let mut back = back.into_iter();
+    for (w, n) in batch.into_iter().zip(counts) {
+        if !whole && n > 0 {
+            tracing::warn!("dispatch: write failed, its operations lost with the commit");
+            if let Some(done) = w.done {
+                done(false);
+            }
+            continue;
+        }
+        let ops: Vec<Op> = back.by_ref().take(n).collect();
         let mut ok = match &w.edit {
-            Some((key, edit)) => commit_edited(store, w.ops, key, edit).await,
-            None => match store.commit(w.ops).await {
+            Some((key, edit)) => commit_edited(store, ops, key, edit).await,
+            None if ops.is_empty() => true,
+            None => match store.commit(ops).await {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "dispatch: write failed");
@@ -316,31 +343,37 @@ async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
 /// Commits `ops` with `edit` applied to the TrainJob at `key` as it is
 /// now, in one commit, retried on conflicts. A TrainJob that is gone (or
 /// another object) is not edited; `ops` still commit.
-async fn commit_edited(store: &dyn Store, ops: Vec<Op>, key: &Key, edit: &Edit) -> bool {
+async fn commit_edited(store: &dyn Store, mut ops: Vec<Op>, key: &Key, edit: &Edit) -> bool {
     for _ in 0..5 {
-        let mut all = ops.clone();
+        let own = ops.len();
         if let Some(object) = store.get(key) {
             let mut value = object.value.as_ref().clone();
             match apply_edit(&mut value, edit) {
                 Edited::Unchanged => {}
-                Edited::Changed => all.push(Op::Update {
+                Edited::Changed => ops.push(Op::Update {
                     key: key.clone(),
                     value,
                     expected: Some(object.rv),
                 }),
-                Edited::Delete => all.push(Op::Delete {
+                Edited::Delete => ops.push(Op::Delete {
                     key: key.clone(),
                     expected: Some(object.rv),
                 }),
             }
         }
-        if all.is_empty() {
+        if ops.is_empty() {
             return true;
         }
-        match store.commit(all).await {
+        match store.commit_or_return(ops).await {
             Ok(_) => return true,
-            Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => continue,
-            Err(e) => {
+            Err((StoreError::Conflict { .. } | StoreError::NotFound(_), mut back))
+                if back.len() >= own =>
+            {
+                // The TrainJob changed meanwhile: edit it as it is now.
+                back.truncate(own);
+                ops = back;
+            }
+            Err((e, _)) => {
                 tracing::warn!(%key, error = %e, "dispatch: write failed");
                 return false;
             }
@@ -649,6 +682,83 @@ mod tests {
             deleting.value["metadata"]["finalizers"][1], FINALIZER,
             "a TrainJob being deleted is released by dispatch after its run stops"
         );
+    }
+
+    /// A commit refused for one write's op is made again write by write,
+    /// from the operations the store hands back: the others land, the
+    /// refused one fails alone, and a placement's edit still reaches its
+    /// TrainJob.
+    #[tokio::test]
+    async fn a_refused_write_fails_alone_and_the_rest_of_its_commit_lands() {
+        use std::sync::{Arc, Mutex};
+        use trainhub_apiserver::store::RedbStore;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 100).expect("store");
+        let job_key = Key::new("trainjobs", Some("default"), "j");
+        store
+            .commit(vec![
+                Op::Create {
+                    key: job_key.clone(),
+                    value: json!({"metadata": {"name": "j", "namespace": "default", "uid": "u1"}}),
+                },
+                Op::Create {
+                    key: Key::new("events", Some("default"), "taken"),
+                    value: json!({}),
+                },
+            ])
+            .await
+            .expect("create");
+        let outcomes: Arc<Mutex<Vec<(&str, bool)>>> = Arc::default();
+        let done = |name: &'static str| -> Option<Box<dyn FnOnce(bool) + Send>> {
+            let outcomes = outcomes.clone();
+            Some(Box::new(move |ok| {
+                outcomes.lock().unwrap().push((name, ok))
+            }))
+        };
+        let writes = vec![
+            Write {
+                done: done("a"),
+                ..ops("a")
+            },
+            Write {
+                ops: vec![Op::Create {
+                    key: Key::new("events", Some("default"), "taken"),
+                    value: json!({}),
+                }],
+                done: done("taken"),
+                ..Write::default()
+            },
+            Write {
+                ops: vec![put("placement")],
+                edit: Some((
+                    job_key.clone(),
+                    Edit::Placed {
+                        uid: "u1".into(),
+                        spoke: Some("s1".into()),
+                    },
+                )),
+                done: done("placed"),
+                ..Write::default()
+            },
+        ];
+        commit(&store, writes).await;
+        assert_eq!(
+            *outcomes.lock().unwrap(),
+            [("a", true), ("taken", false), ("placed", true)]
+        );
+        assert!(
+            store
+                .get(&Key::new("events", Some("default"), "a"))
+                .is_some()
+        );
+        assert!(
+            store
+                .get(&Key::new("events", Some("default"), "placement"))
+                .is_some()
+        );
+        let job = store.get(&job_key).expect("j");
+        assert_eq!(job.value["metadata"]["annotations"][ANNOTATION_SPOKE], "s1");
+        assert_eq!(job.value["metadata"]["finalizers"], json!([FINALIZER]));
     }
 
     #[test]

@@ -203,6 +203,10 @@ pub struct Term {
 pub type CommitFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Vec<Object>, StoreError>> + Send + 'a>>;
 
+/// A commit that hands its operations back when it is refused.
+pub type ReturningFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Object>, (StoreError, Vec<Op>)>> + Send + 'a>>;
+
 pub type RawListFuture<'a> =
     Pin<Box<dyn Future<Output = Result<(Vec<RawObject>, Rv), StoreError>> + Send + 'a>>;
 
@@ -371,6 +375,18 @@ pub trait Store: Send + Sync + 'static {
     /// Commits `ops` atomically: all or none. Returns the stored objects (for
     /// `Delete`, the last state) in order. Durable before it resolves.
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_>;
+
+    /// Commits `ops` as [`Store::commit`] does; a commit refused before it
+    /// was written (a precondition, a key, a term) hands its operations
+    /// back, so a caller can try them again, or some of them, without
+    /// having kept a copy. After a failed write to storage they may be
+    /// gone (an empty list). This default keeps a copy; a store that can
+    /// return them does better.
+    fn commit_or_return(&self, ops: Vec<Op>) -> ReturningFuture<'_> {
+        let copy = ops.clone();
+        let commit = self.commit(ops);
+        Box::pin(async move { commit.await.map_err(|e| (e, copy)) })
+    }
 
     /// Events of `resource` (in `namespace`, or all) after `since`; `None`
     /// means from now.

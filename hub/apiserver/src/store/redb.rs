@@ -24,8 +24,8 @@ use tokio::sync::oneshot;
 
 use super::cache::{Cache, Change, Stored, decode, set_rv};
 use super::{
-    CommitFuture, Event, EventType, Key, Object, Op, RawListFuture, Rv, Store, StoreError, Term,
-    Watch, readable,
+    CommitFuture, Event, EventType, Key, Object, Op, RawListFuture, ReturningFuture, Rv, Store,
+    StoreError, Term, Watch, readable,
 };
 
 const OBJECTS: TableDefinition<&str, &[u8]> = TableDefinition::new("objects");
@@ -42,7 +42,7 @@ const MAX_BATCH: usize = 4096;
 
 struct Request {
     ops: Vec<Op>,
-    reply: oneshot::Sender<Result<Vec<Object>, StoreError>>,
+    reply: oneshot::Sender<Result<Vec<Object>, (StoreError, Vec<Op>)>>,
 }
 
 /// The embedded, crash-safe store.
@@ -230,7 +230,8 @@ fn write_loop(db: Database, cache: Arc<Cache>, requests: mpsc::Receiver<Request>
         // Stage every request against the state plus the requests before it.
         // The writer is the cache's only writer, so its revision is ours.
         let (mut rv, mut overlay) = (cache.revision(), BTreeMap::<Key, Option<Object>>::new());
-        let mut outcomes: Vec<Result<Staged, StoreError>> = Vec::with_capacity(batch.len());
+        let mut outcomes: Vec<Result<Staged, (StoreError, Vec<Op>)>> =
+            Vec::with_capacity(batch.len());
         for request in &mut batch {
             let ops = std::mem::take(&mut request.ops);
             let outcome = stage(&cache, &mut overlay, &mut rv, ops);
@@ -261,69 +262,81 @@ fn write_loop(db: Database, cache: Arc<Cache>, requests: mpsc::Receiver<Request>
             }
             Err(e) => {
                 tracing::error!(error = %e, "store commit failed");
-                for request in batch {
-                    let _ = request.reply.send(Err(e.clone()));
+                // Those refused before the write keep their own answer.
+                for (request, outcome) in batch.into_iter().zip(outcomes) {
+                    let answer = match outcome {
+                        Ok(_) => Err((e.clone(), Vec::new())),
+                        Err(refused) => Err(refused),
+                    };
+                    let _ = request.reply.send(answer);
                 }
             }
         }
     }
 }
 
-/// An object's state before an op.
-enum Cur {
+/// An object's state before an op, as the plan sees it.
+enum Cur<'a> {
+    /// Written by an earlier op of the same request: its revision, and its
+    /// place among the request's results.
+    Earlier(Rv, usize),
     /// Written earlier in the same batch.
-    Staged(Object),
+    Staged(&'a Object),
     /// As the cache holds it.
     Stored(Stored),
 }
 
-impl Cur {
+impl Cur<'_> {
     fn rv(&self) -> Rv {
         match self {
+            Cur::Earlier(rv, _) => *rv,
             Cur::Staged(o) => o.rv,
             Cur::Stored(s) => s.rv,
         }
     }
-
-    fn value(&self, cache: &Cache, key: &Key) -> Result<Arc<Value>, StoreError> {
-        match self {
-            Cur::Staged(o) => Ok(o.value.clone()),
-            Cur::Stored(s) => cache
-                .get(key)
-                .filter(|o| o.rv == s.rv)
-                .or_else(|| decode(key, s.rv, &s.bytes))
-                .map(|o| o.value)
-                .ok_or_else(|| {
-                    StoreError::Storage(format!("{key}: the stored object does not decode"))
-                }),
-        }
-    }
 }
 
-/// Checks and applies one request's ops to the overlay; on any failure the
-/// overlay and `rv` are left as they were.
-fn stage(
+/// Where a deletion finds the object's last state.
+enum Last {
+    /// The result of an earlier op of the same request.
+    Earlier(usize),
+    Value(Arc<Value>),
+}
+
+/// What an op will do, once every op of its request is known to succeed.
+struct Step {
+    kind: EventType,
+    rv: Rv,
+    /// A deletion's last state.
+    last: Option<Last>,
+}
+
+/// Checks one request's ops against the state plus the batch's earlier
+/// requests, without consuming them: each op's step (`None`: a removal of
+/// nothing), or why the request is refused.
+fn plan(
     cache: &Cache,
-    overlay: &mut BTreeMap<Key, Option<Object>>,
-    rv: &mut Rv,
-    ops: Vec<Op>,
-) -> Result<Staged, StoreError> {
-    let mut local: Vec<(Key, Option<Object>)> = Vec::with_capacity(ops.len());
-    let mut next = *rv;
-    let mut events = Vec::with_capacity(ops.len());
-    let mut results = Vec::with_capacity(ops.len());
+    overlay: &BTreeMap<Key, Option<Object>>,
+    rv: Rv,
+    ops: &[Op],
+) -> Result<Vec<Option<Step>>, StoreError> {
+    // Keys written by the ops before: their revision and result, or None
+    // once deleted.
+    let mut local: Vec<(&Key, Option<(Rv, usize)>)> = Vec::with_capacity(ops.len());
+    let mut next = rv;
+    let mut steps = Vec::with_capacity(ops.len());
     for op in ops {
-        let key = op.key().clone();
+        let key = op.key();
         if !key.is_storable() {
-            return Err(StoreError::InvalidKey(key));
+            return Err(StoreError::InvalidKey(key.clone()));
         }
-        // The current state: staged in this batch, else the cache's (its
-        // value decoded only if a deletion needs it).
+        // The current state: earlier in this request, in this batch, else
+        // the cache's (its value decoded only if a deletion needs it).
         let current: Option<Cur> = match local.iter().rev().find(|(k, _)| *k == key) {
-            Some((_, o)) => o.clone().map(Cur::Staged),
-            None => match overlay.get(&key) {
-                Some(o) => o.clone().map(Cur::Staged),
-                None => cache.stored(&key).map(Cur::Stored),
+            Some((_, o)) => o.map(|(rv, at)| Cur::Earlier(rv, at)),
+            None => match overlay.get(key) {
+                Some(o) => o.as_ref().map(Cur::Staged),
+                None => cache.stored(key).map(Cur::Stored),
             },
         };
         let check = |expected: &Option<Rv>| -> Result<&Cur, StoreError> {
@@ -339,88 +352,111 @@ fn stage(
                 _ => Ok(current),
             }
         };
-        if matches!(op, Op::Remove { .. }) && current.is_none() {
-            continue;
-        }
-        next += 1;
-        let (kind, object) = match op {
-            Op::Put { value, .. } => {
-                let mut value = value;
-                set_rv(&mut value, next);
-                (
-                    if current.is_some() {
-                        EventType::Modified
-                    } else {
-                        EventType::Added
-                    },
-                    Object {
-                        key: key.clone(),
-                        rv: next,
-                        value: Arc::new(value),
-                    },
-                )
+        let (kind, last) = match op {
+            Op::Put { .. } if current.is_some() => (EventType::Modified, None),
+            Op::Put { .. } => (EventType::Added, None),
+            Op::Create { .. } if current.is_some() => {
+                return Err(StoreError::AlreadyExists(key.clone()));
             }
-            Op::Create { value, .. } => {
-                if current.is_some() {
-                    return Err(StoreError::AlreadyExists(key));
-                }
-                let mut value = value;
-                set_rv(&mut value, next);
-                (
-                    EventType::Added,
-                    Object {
-                        key: key.clone(),
-                        rv: next,
-                        value: Arc::new(value),
-                    },
-                )
+            Op::Create { .. } => (EventType::Added, None),
+            Op::Update { expected, .. } => {
+                check(expected)?;
+                (EventType::Modified, None)
             }
-            Op::Update {
-                value, expected, ..
-            } => {
-                check(&expected)?;
-                let mut value = value;
-                set_rv(&mut value, next);
-                (
-                    EventType::Modified,
-                    Object {
-                        key: key.clone(),
-                        rv: next,
-                        value: Arc::new(value),
-                    },
-                )
+            Op::Remove { .. } if current.is_none() => {
+                steps.push(None);
+                continue;
             }
-            Op::Delete { .. } | Op::Remove { .. } => {
-                let expected = match op {
-                    Op::Delete { expected, .. } => expected,
-                    _ => None,
-                };
-                let current = check(&expected)?;
-                let mut value = (*current.value(cache, &key)?).clone();
-                set_rv(&mut value, next);
-                (
-                    EventType::Deleted,
-                    Object {
-                        key: key.clone(),
-                        rv: next,
-                        value: Arc::new(value),
-                    },
-                )
-            }
+            Op::Delete { expected, .. } => (
+                EventType::Deleted,
+                Some(last(cache, key, check(expected)?)?),
+            ),
+            Op::Remove { .. } => (EventType::Deleted, Some(last(cache, key, check(&None)?)?)),
         };
-        local.push((key, (kind != EventType::Deleted).then(|| object.clone())));
+        next += 1;
+        local.push((
+            key,
+            (kind != EventType::Deleted).then_some((next, steps.len())),
+        ));
+        steps.push(Some(Step {
+            kind,
+            rv: next,
+            last,
+        }));
+    }
+    Ok(steps)
+}
+
+/// The last state of an object a deletion removes.
+fn last(cache: &Cache, key: &Key, current: &Cur) -> Result<Last, StoreError> {
+    match current {
+        Cur::Earlier(_, at) => Ok(Last::Earlier(*at)),
+        Cur::Staged(o) => Ok(Last::Value(o.value.clone())),
+        Cur::Stored(s) => cache
+            .get(key)
+            .filter(|o| o.rv == s.rv)
+            .or_else(|| decode(key, s.rv, &s.bytes))
+            .map(|o| Last::Value(o.value))
+            .ok_or_else(|| {
+                StoreError::Storage(format!("{key}: the stored object does not decode"))
+            }),
+    }
+}
+
+/// Checks and applies one request's ops to the overlay; on any failure the
+/// overlay and `rv` are left as they were and the ops are handed back.
+fn stage(
+    cache: &Cache,
+    overlay: &mut BTreeMap<Key, Option<Object>>,
+    rv: &mut Rv,
+    ops: Vec<Op>,
+) -> Result<Staged, (StoreError, Vec<Op>)> {
+    let steps = match plan(cache, overlay, *rv, &ops) {
+        Ok(steps) => steps,
+        Err(e) => return Err((e, ops)),
+    };
+    let mut local: Vec<(Key, Option<Object>)> = Vec::with_capacity(ops.len());
+    let mut events = Vec::with_capacity(ops.len());
+    let mut results: Vec<Object> = Vec::with_capacity(ops.len());
+    for (op, step) in ops.into_iter().zip(steps) {
+        let Some(step) = step else { continue };
+        let key = op.key().clone();
+        let mut value = match (op, step.last) {
+            (Op::Put { value, .. } | Op::Create { value, .. } | Op::Update { value, .. }, _) => {
+                value
+            }
+            (_, Some(Last::Earlier(at))) => results
+                .get(at)
+                .map_or(Value::Null, |o| o.value.as_ref().clone()),
+            (_, Some(Last::Value(v))) => v.as_ref().clone(),
+            // The plan gives every deletion its last state.
+            (_, None) => Value::Null,
+        };
+        set_rv(&mut value, step.rv);
+        let object = Object {
+            key: key.clone(),
+            rv: step.rv,
+            value: Arc::new(value),
+        };
+        local.push((
+            key,
+            (step.kind != EventType::Deleted).then(|| object.clone()),
+        ));
         results.push(object.clone());
-        events.push(Arc::new(Event { kind, object }));
+        events.push(Arc::new(Event {
+            kind: step.kind,
+            object,
+        }));
+        *rv = step.rv;
     }
     overlay.extend(local);
-    *rv = next;
     Ok(Staged { events, results })
 }
 
 /// Writes the staged events; returns each event's object JSON, in order.
 fn persist(
     db: &Database,
-    outcomes: &[Result<Staged, StoreError>],
+    outcomes: &[Result<Staged, (StoreError, Vec<Op>)>],
     rv: Rv,
     history: usize,
 ) -> Result<Vec<Arc<[u8]>>, StoreError> {
@@ -493,19 +529,25 @@ impl Store for RedbStore {
     }
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        let commit = self.commit_or_return(ops);
+        Box::pin(async move { commit.await.map_err(|(e, _)| e) })
+    }
+
+    fn commit_or_return(&self, ops: Vec<Op>) -> ReturningFuture<'_> {
         if let Err(e) = readable(&ops) {
-            return Box::pin(async move { Err(e) });
+            return Box::pin(async move { Err((e, ops)) });
         }
+        let stopped = || StoreError::Storage("the store writer has stopped".into());
         let (reply, answer) = oneshot::channel();
         let sent = match &self.writer {
-            Some(writer) => writer.send(Request { ops, reply }).map_err(|_| ()),
-            None => Err(()),
+            Some(writer) => writer
+                .send(Request { ops, reply })
+                .map_err(|mpsc::SendError(r)| r.ops),
+            None => Err(ops),
         };
         Box::pin(async move {
-            sent.map_err(|_| StoreError::Storage("the store writer has stopped".into()))?;
-            answer
-                .await
-                .map_err(|_| StoreError::Storage("the store writer has stopped".into()))?
+            sent.map_err(|ops| (stopped(), ops))?;
+            answer.await.map_err(|_| (stopped(), Vec::new()))?
         })
     }
 
@@ -561,6 +603,54 @@ mod tests {
 
     fn key(name: &str) -> Key {
         Key::new("trainer.kubeflow.org/trainjobs", Some("default"), name)
+    }
+
+    /// Ops of one commit see the ones before them: a deletion answers the
+    /// state an earlier op of the same commit wrote, and an op after it
+    /// finds the object gone.
+    #[tokio::test]
+    async fn an_op_sees_the_ops_before_it_in_its_commit() {
+        let store = temp().await;
+        let mut put = job("a");
+        put["spec"] = 1.into();
+        let done = store
+            .commit(vec![
+                Op::Put {
+                    key: key("a"),
+                    value: put,
+                },
+                Op::Delete {
+                    key: key("a"),
+                    expected: Some(1),
+                },
+                Op::Remove { key: key("a") },
+                Op::Create {
+                    key: key("a"),
+                    value: job("a"),
+                },
+            ])
+            .await
+            .expect("commit");
+        let seen: Vec<_> = done
+            .iter()
+            .map(|o| (o.rv, o.value["spec"].clone()))
+            .collect();
+        assert_eq!(seen, [(1, 1.into()), (2, 1.into()), (3, Value::Null)]);
+        assert_eq!(store.get(&key("a")).expect("a").rv, 3);
+        // A refused op after them hands every op back and writes nothing.
+        let (e, back) = store
+            .commit_or_return(vec![
+                Op::Remove { key: key("a") },
+                Op::Delete {
+                    key: key("a"),
+                    expected: None,
+                },
+            ])
+            .await
+            .expect_err("the second deletion finds nothing");
+        assert_eq!(e, StoreError::NotFound(key("a")));
+        assert_eq!(back.len(), 2);
+        assert_eq!(store.revision(), 3);
     }
 
     fn job(name: &str) -> Value {

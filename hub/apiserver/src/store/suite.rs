@@ -122,6 +122,49 @@ pub(crate) async fn preconditions_are_exact(store: &dyn Store) {
     assert!(store.get(&key("a")).is_none());
 }
 
+pub(crate) async fn a_refused_commit_hands_its_operations_back(store: &dyn Store) {
+    let a = store.commit(vec![create("a")]).await.expect("create");
+    let rv = a[0].rv;
+    let ops = vec![
+        create("b"),
+        Op::Update {
+            key: key("a"),
+            value: job("a"),
+            expected: Some(rv + 1),
+        },
+        Op::Remove { key: key("c") },
+    ];
+    let (e, back) = store
+        .commit_or_return(ops.clone())
+        .await
+        .expect_err("a stale update is refused");
+    assert!(matches!(e, StoreError::Conflict { .. }), "{e}");
+    assert_eq!(
+        format!("{back:?}"),
+        format!("{ops:?}"),
+        "every op, as it was"
+    );
+    assert!(store.get(&key("b")).is_none(), "nothing of it written");
+    let (e, back) = store
+        .commit_or_return(vec![create("a"), create("d")])
+        .await
+        .expect_err("a is there");
+    assert_eq!(e, StoreError::AlreadyExists(key("a")));
+    assert_eq!(back.len(), 2);
+    // Handed back and mended, they commit (the removal of nothing is no
+    // change).
+    let mut ops = ops;
+    if let Op::Update { expected, .. } = &mut ops[1] {
+        *expected = Some(rv);
+    }
+    let done = store
+        .commit_or_return(ops)
+        .await
+        .expect("the mended commit");
+    assert_eq!(done.len(), 2);
+    assert!(store.get(&key("b")).is_some());
+}
+
 pub(crate) async fn put_and_remove_are_unconditional(store: &dyn Store) {
     let mut watch = store.watch(JOBS, None, None).expect("watch");
     let put = |v: Value| Op::Put {
@@ -454,6 +497,7 @@ where
     S::Target: Store + Sized,
 {
     preconditions_are_exact(&*open().await).await;
+    a_refused_commit_hands_its_operations_back(&*open().await).await;
     put_and_remove_are_unconditional(&*open().await).await;
     watches_replay_then_follow(&*open().await).await;
     values_read_back_exactly(&*open().await).await;
