@@ -42,8 +42,12 @@ const MAX_BATCH: usize = 4096;
 
 struct Request {
     ops: Vec<Op>,
-    reply: oneshot::Sender<Result<Vec<Object>, (StoreError, Vec<Op>)>>,
+    reply: oneshot::Sender<Answer>,
 }
+
+/// A request's answer: its stored objects, or why it was refused and its
+/// operations back.
+type Answer = Result<Vec<Object>, (StoreError, Vec<Op>)>;
 
 /// The embedded, crash-safe store.
 pub struct RedbStore {
