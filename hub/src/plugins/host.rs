@@ -210,7 +210,17 @@ impl Host {
         wasm.wasm_component_model(true)
             .epoch_interruption(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
-            .memory_init_cow(true);
+            .memory_init_cow(true)
+            // Bounds checks in the plugins' code rather than guard pages:
+            // a pool slot's memory then stays accessible from one call to
+            // the next (only its dirtied pages are reset). With guard pages,
+            // each instance's memory was made inaccessible beyond its
+            // initial size and made accessible again as the call grew it:
+            // two `mprotect`s per call, each taking the process's memory
+            // map lock for writing, which every page fault of every thread
+            // waits on (see docs/benchmarks.md).
+            .signals_based_traps(false)
+            .memory_guard_size(0);
         // `perf` names the plugins' machine code with this set (see
         // docs/benchmarks.md); no effect otherwise.
         if std::env::var_os("TRAINHUB_WASM_PERFMAP").is_some() {
