@@ -25,7 +25,29 @@ struct Run {
 #[derive(Default)]
 struct State {
     reserved: HashMap<RunKey, BTreeMap<String, i64>>,
+    /// The sum of `reserved`, per resource.
+    used: BTreeMap<String, i64>,
     runs: HashMap<RunKey, Run>,
+}
+
+impl State {
+    fn reserve(&mut self, key: RunKey, demand: BTreeMap<String, i64>) {
+        self.unreserve(&key);
+        for (r, m) in &demand {
+            *self.used.entry(r.clone()).or_default() += m;
+        }
+        self.reserved.insert(key, demand);
+    }
+
+    fn unreserve(&mut self, key: &RunKey) {
+        if let Some(demand) = self.reserved.remove(key) {
+            for (r, m) in demand {
+                if let Some(used) = self.used.get_mut(&r) {
+                    *used -= m;
+                }
+            }
+        }
+    }
 }
 
 /// See the module documentation.
@@ -70,11 +92,9 @@ impl SimBackend {
 
     fn free(&self, state: &State) -> BTreeMap<String, i64> {
         let mut free = self.capacity.clone();
-        for reserved in state.reserved.values() {
-            for (r, m) in reserved {
-                if let Some(f) = free.get_mut(r) {
-                    *f -= m;
-                }
+        for (r, m) in &state.used {
+            if let Some(f) = free.get_mut(r) {
+                *f -= m;
             }
         }
         free
@@ -195,14 +215,14 @@ impl Backend for SimBackend {
                 )));
             }
         }
-        state.reserved.insert(key.clone(), demand);
+        state.reserve(key.clone(), demand);
         Ok(())
     }
 
     fn withdraw(&self, key: &RunKey) {
         let mut state = lock(&self.state);
         if !state.runs.contains_key(key) {
-            state.reserved.remove(key);
+            state.unreserve(key);
         }
     }
 
@@ -213,24 +233,27 @@ impl Backend for SimBackend {
                 return Err(BackendError::Invalid("no objects to run".into()));
             };
             let plan = pod_plan(jobset);
+            let running = RunReport {
+                key: key.clone(),
+                jobset_status: json!({"replicatedJobsStatus": jobs_status(&plan, false)}),
+                pods: pods_json(&spec, &plan, "Running"),
+                finished: false,
+                events: Vec::new(),
+            };
             {
                 let mut state = lock(&self.state);
                 if state.runs.contains_key(&key) {
                     return Ok(());
                 }
-                state.reserved.entry(key.clone()).or_default();
-                let report = RunReport {
-                    key: key.clone(),
-                    jobset_status: json!({"replicatedJobsStatus": jobs_status(&plan, false)}),
-                    pods: pods_json(&spec, &plan, "Running"),
-                    finished: false,
-                    events: Vec::new(),
-                };
+                if !state.reserved.contains_key(&key) {
+                    state.reserve(key.clone(), BTreeMap::new());
+                }
                 state.runs.insert(
                     key.clone(),
                     Run {
-                        report,
-                        pods: pods_json(&spec, &plan, "Running")
+                        report: running.clone(),
+                        pods: running
+                            .pods
                             .iter()
                             .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
                             .collect(),
@@ -240,13 +263,6 @@ impl Backend for SimBackend {
             if let Some(started) = &self.started {
                 let _ = started.send((format!("{}/{}", spec.namespace, spec.name), Instant::now()));
             }
-            let running = RunReport {
-                key: key.clone(),
-                jobset_status: json!({"replicatedJobsStatus": jobs_status(&plan, false)}),
-                pods: pods_json(&spec, &plan, "Running"),
-                finished: false,
-                events: Vec::new(),
-            };
             self.emit(&key, running);
             let Some(me) = self.me.upgrade() else {
                 return Ok(());
@@ -271,7 +287,7 @@ impl Backend for SimBackend {
                     finished: true,
                     events: Vec::new(),
                 };
-                lock(&me.state).reserved.remove(&key);
+                lock(&me.state).unreserve(&key);
                 me.emit(&key, done);
             });
             Ok(())
@@ -285,9 +301,15 @@ impl Backend for SimBackend {
             state
                 .runs
                 .retain(|k, _| !(k.run_id == run_id && k.generation <= generation));
-            state
+            let gone: Vec<RunKey> = state
                 .reserved
-                .retain(|k, _| !(k.run_id == run_id && k.generation <= generation));
+                .keys()
+                .filter(|k| k.run_id == run_id && k.generation <= generation)
+                .cloned()
+                .collect();
+            for key in &gone {
+                state.unreserve(key);
+            }
         })
     }
 
@@ -351,5 +373,67 @@ impl Backend for SimBackend {
             let stream = futures_util::stream::iter([Ok(bytes::Bytes::from(line))]);
             Ok(Box::pin(stream) as LogStream)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(run: &str, generation: i64) -> RunKey {
+        RunKey {
+            run_id: run.into(),
+            generation,
+        }
+    }
+
+    fn cpu(milli: i64, count: u32) -> Vec<PodSetRequest> {
+        vec![PodSetRequest {
+            name: "node".into(),
+            count,
+            requests_milli: BTreeMap::from([("cpu".to_string(), milli)]),
+        }]
+    }
+
+    fn free_cpu(sim: &SimBackend) -> i64 {
+        sim.capacity()
+            .iter()
+            .find(|c| c.resource == "cpu")
+            .map_or(-1, |c| c.free_milli)
+    }
+
+    /// What is reserved is taken from what is free, and given back by a
+    /// withdrawal or a stop, whichever order they come in.
+    #[tokio::test]
+    async fn reservations_take_capacity_and_withdrawals_and_stops_give_it_back() {
+        let (reports, _rx) = mpsc::unbounded_channel();
+        let sim = SimBackend::new(
+            BTreeMap::from([("cpu".to_string(), 4000)]),
+            Duration::from_secs(60),
+            reports,
+            None,
+        );
+        sim.admit(&key("a", 1), &cpu(1000, 2)).expect("a fits");
+        sim.admit(&key("b", 1), &cpu(1500, 1)).expect("b fits");
+        assert_eq!(free_cpu(&sim), 500);
+        assert!(matches!(
+            sim.admit(&key("c", 1), &cpu(1000, 1)),
+            Err(BackendError::DoesNotFit(_))
+        ));
+        // Admitting a held reservation again changes nothing.
+        sim.admit(&key("a", 1), &cpu(1000, 2)).expect("again");
+        assert_eq!(free_cpu(&sim), 500);
+        sim.withdraw(&key("a", 1));
+        assert_eq!(free_cpu(&sim), 2500);
+        sim.withdraw(&key("a", 1));
+        assert_eq!(
+            free_cpu(&sim),
+            2500,
+            "a second withdrawal gives nothing back"
+        );
+        sim.stop("b", 1).await;
+        assert_eq!(free_cpu(&sim), 4000);
+        sim.admit(&key("c", 1), &cpu(1000, 4)).expect("c fits now");
+        assert_eq!(free_cpu(&sim), 0);
     }
 }
