@@ -8,7 +8,9 @@ use std::time::Instant;
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
-    let path = std::env::args().nth(1).unwrap_or_else(|| "trainjob.json".into());
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "trainjob.json".into());
     let text = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let rounds = 20_000;
     let start = Instant::now();
@@ -17,11 +19,20 @@ fn main() {
         let stored: serde_json::Value = serde_json::from_slice(&text).expect("JSON");
         let copy = stored.clone();
         bytes += copy["metadata"]["name"].as_str().map_or(0, str::len);
-        bytes += copy["spec"]["runtimeRef"]["name"].as_str().map_or(0, str::len);
+        bytes += copy["spec"]["runtimeRef"]["name"]
+            .as_str()
+            .map_or(0, str::len);
         bytes += copy["status"]["conditions"].as_array().map_or(0, Vec::len);
         bytes += serde_json::to_vec(&copy).expect("encode").len();
     }
     let each = start.elapsed().as_secs_f64() * 1e6 / f64::from(rounds);
-    let map = if cfg!(feature = "ordered") { "ordered (IndexMap)" } else { "sorted (BTreeMap)" };
-    println!("{map}: {each:.2} us per round ({} bytes in, {bytes} checked)", text.len());
+    let map = if cfg!(feature = "ordered") {
+        "ordered (IndexMap)"
+    } else {
+        "sorted (BTreeMap)"
+    };
+    println!(
+        "{map}: {each:.2} us per round ({} bytes in, {bytes} checked)",
+        text.len()
+    );
 }
