@@ -329,6 +329,8 @@ fn plan(
     let mut local: Vec<(&Key, Option<(Rv, usize)>)> = Vec::with_capacity(ops.len());
     let mut next = rv;
     let mut steps = Vec::with_capacity(ops.len());
+    // Results so far (a removal of nothing has none).
+    let mut results = 0;
     for op in ops {
         let key = op.key();
         if !key.is_storable() {
@@ -378,15 +380,13 @@ fn plan(
             Op::Remove { .. } => (EventType::Deleted, Some(last(cache, key, check(&None)?)?)),
         };
         next += 1;
-        local.push((
-            key,
-            (kind != EventType::Deleted).then_some((next, steps.len())),
-        ));
+        local.push((key, (kind != EventType::Deleted).then_some((next, results))));
         steps.push(Some(Step {
             kind,
             rv: next,
             last,
         }));
+        results += 1;
     }
     Ok(steps)
 }
@@ -619,6 +619,8 @@ mod tests {
         put["spec"] = 1.into();
         let done = store
             .commit(vec![
+                // A removal of nothing, which has no result.
+                Op::Remove { key: key("zz") },
                 Op::Put {
                     key: key("a"),
                     value: put,
