@@ -451,7 +451,14 @@ async fn a_partitioned_spoke_fences_before_the_hub_requeues_and_nothing_runs_twi
         fenced >= Duration::from_millis(2500),
         "fenced before fence-after: {fenced:?}"
     );
-    assert!(a.log().contains("FENCED"), "{}", tail(&a.log(), 30));
+    // The spoke says so once its runs are stopped: just after they die.
+    wait_for(
+        "spoke-a logging FENCED",
+        Duration::from_secs(10),
+        || logs(&hub, &[&a, &b], &marks),
+        || a.log().contains("FENCED").then_some(()),
+    )
+    .await;
     let on_b = wait_for(
         "the TrainJob requeued to spoke-b",
         Duration::from_secs(30),
