@@ -1,5 +1,4 @@
-//! Giving memory back to the system once start-up is done, and the bounded
-//! caches ([`lru`]) that keep what the hub holds per TrainJob in check.
+//! Giving memory back to the system once start-up is done.
 //!
 //! A hub's first start compiles its plugins. Two things it touches then are
 //! never needed again, yet would stay resident for the life of the process:
@@ -122,23 +121,6 @@ macro_rules! jemalloc {
         static malloc_conf: Option<&'static u8> =
             $crate::memory::JEMALLOC_CONF.to_bytes_with_nul().first();
     };
-}
-
-/// A bounded cache that evicts the least recently used entry first. The
-/// hub's caches hold what was just written or computed, read again soon
-/// after (a TrainJob's typed form, its runtime snapshot): moka's default
-/// policy (TinyLFU) admits a new key only if it is estimated to be read
-/// more often than the entry it would evict, which turns most of them away
-/// in a burst of new TrainJobs.
-pub fn lru<K, V>(capacity: u64) -> moka::sync::Cache<K, V>
-where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-{
-    moka::sync::Cache::builder()
-        .max_capacity(capacity)
-        .eviction_policy(moka::policy::EvictionPolicy::lru())
-        .build()
 }
 
 #[cfg(test)]

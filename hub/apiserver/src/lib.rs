@@ -17,6 +17,8 @@
 //! - [`review`]: the self reviews (`kubectl auth can-i`, `whoami`);
 //! - [`auth`]: who is calling (tokens file, client certificates) and what
 //!   they may do (admin group, namespace grants);
+//! - [`recent`]: the bounded cache of recently used entries the hot reads
+//!   go through;
 //! - [`limits`]: how large and deep a request and a stored object may be,
 //!   and the bounded decoders that enforce it;
 //! - [`tls`], [`pki`], [`reload`] and [`kubeconfig`]: serving over TLS
@@ -33,6 +35,7 @@ pub mod namespace;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod recent;
 pub mod reload;
 pub mod resource;
 pub mod review;

@@ -38,6 +38,7 @@ use trainhub_api::constants;
 use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
 use trainhub_apiserver::field::FieldError;
+use trainhub_apiserver::recent::Recent;
 use trainhub_apiserver::status::ApiError;
 use trainhub_apiserver::store::{Key, Object, Op, Rv, Store};
 use trainhub_plugin_sdk as sdk;
@@ -264,17 +265,17 @@ pub struct TrainerAdmission {
     clock: Box<dyn Fn() -> SystemTime + Send + Sync>,
     /// Runtimes read (defaulted and typed), by key and resourceVersion:
     /// every TrainJob create, offer, build and status mapping reads one.
-    runtimes: moka::sync::Cache<(Key, Rv), Arc<sdk::Runtime>>,
+    runtimes: Recent<(Key, Rv), Arc<sdk::Runtime>>,
     /// Runtime snapshots read, by key and resourceVersion.
-    snapshots: moka::sync::Cache<(Key, Rv), Arc<Pinned>>,
+    snapshots: Recent<(Key, Rv), Arc<Pinned>>,
     /// The runtimes of snapshots, by version name (or, for snapshots with
     /// the runtime inline, the runtime's kind, namespace, name and
     /// resourceVersion): every TrainJob admitted against one version of a
     /// runtime shares one parsed copy, instead of one per TrainJob.
-    snapshot_runtimes: moka::sync::Cache<String, Arc<sdk::Runtime>>,
+    snapshot_runtimes: Recent<String, Arc<sdk::Runtime>>,
     /// The version name of a stored runtime, by key and resourceVersion:
     /// a create names it without serialising the runtime again.
-    version_names: moka::sync::Cache<(Key, Rv), String>,
+    version_names: Recent<(Key, Rv), String>,
     /// Who may set a TrainJob's priority annotation: the policy's admin
     /// groups.
     admin_groups: Vec<String>,
@@ -296,10 +297,10 @@ impl TrainerAdmission {
             plugins,
             schemas: Schemas::get()?,
             clock: Box::new(SystemTime::now),
-            runtimes: moka::sync::Cache::new(1024),
-            snapshots: crate::memory::lru(1024),
-            snapshot_runtimes: moka::sync::Cache::new(256),
-            version_names: moka::sync::Cache::new(256),
+            runtimes: Recent::new(1024),
+            snapshots: Recent::new(1024),
+            snapshot_runtimes: Recent::new(256),
+            version_names: Recent::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()
                 .map(|g| g.to_string())
@@ -507,7 +508,7 @@ impl TrainerAdmission {
                         .try_get_with((stored.key.clone(), stored.rv), || {
                             runtime_version_name(&runtime).map(|(name, _)| name)
                         })
-                        .map_err(|e| keeping((*e).clone()))?;
+                        .map_err(keeping)?;
                     let ops = snapshot_ops(
                         self.store.as_ref(),
                         namespace,
@@ -664,9 +665,7 @@ impl TrainerAdmission {
             text(&snapshotted["metadata"]["namespace"]),
             text(&snapshotted["metadata"]["name"]),
         );
-        self.snapshot_runtimes
-            .try_get_with(version, parse)
-            .map_err(|e| (*e).clone())
+        self.snapshot_runtimes.try_get_with(version, parse)
     }
 
     /// The runtime a stored TrainJob refers to, defaulted as admission

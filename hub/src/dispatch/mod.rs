@@ -49,6 +49,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use trainhub_api::constants::{CONDITION_COMPLETE, CONDITION_FAILED, LABEL_JOBSET_NAME};
 use trainhub_api::trainer::TrainJob;
+use trainhub_apiserver::recent::Recent;
 use trainhub_apiserver::store::{Key, Op, Store};
 use trainhub_plugin_sdk as sdk;
 use trainhub_proto as pb;
@@ -83,10 +84,12 @@ pub const CONDITION_PLUGINS_DEFERRED: &str = "PluginsDeferred";
 /// Reason of the `PluginsDeferred=True` condition (and its Warning event).
 pub const REASON_PLUGIN_CALL_DEFERRED: &str = "PluginCallDeferred";
 /// Enforced runtime infos kept for Build (see `Dispatch::enforced`).
-const ENFORCED_KEPT: u64 = 1024;
+const ENFORCED_KEPT: usize = 1024;
+/// Pod sets kept (see `Dispatch::demand`): a few hundred bytes each.
+const DEMAND_KEPT: usize = 65_536;
 /// Typed TrainJobs kept (see `Dispatch::typed`): 6 to 7 KiB each, a
 /// bounded cost whatever the number of TrainJobs.
-const TYPED_KEPT: u64 = 1024;
+const TYPED_KEPT: usize = 1024;
 
 /// The finalizer a TrainJob gets with its first placement: a deleted
 /// TrainJob stays (with `deletionTimestamp`) until its run is stopped on
@@ -255,12 +258,12 @@ pub struct Dispatch {
     logs: Mutex<HashMap<String, LogStream>>,
     /// Pod sets per TrainJob (uid, metadata.generation): what it queues
     /// with.
-    demand: moka::sync::Cache<(String, i64), Arc<[PodSetDemand]>>,
+    demand: Recent<(String, i64), Arc<[PodSetDemand]>>,
     /// The enforced runtime info those pod sets came from, which Build
     /// starts from. It holds the runtime's templates (kilobytes per
     /// TrainJob), so only the most recently enforced are kept; a TrainJob
     /// placed after its entry went runs the whole pipeline at Build.
-    enforced: moka::sync::Cache<(String, i64), Arc<sdk::RuntimeInfo>>,
+    enforced: Recent<(String, i64), Arc<sdk::RuntimeInfo>>,
     /// Pods shown per TrainJob, and the hash of what each last was.
     pods: Mutex<HashMap<JobKey, HashMap<String, u64>>>,
     /// Events written per TrainJob (its own and its pods'), removed with it.
@@ -268,7 +271,7 @@ pub struct Dispatch {
     /// Hash of the last JobSet status mapped per run.
     statuses: Mutex<HashMap<String, u64>>,
     /// Typed TrainJobs by (uid, generation, hash of labels and annotations).
-    typed: moka::sync::Cache<(String, i64, u64), Arc<TrainJob>>,
+    typed: Recent<(String, i64, u64), Arc<TrainJob>>,
     /// Deferred plugin calls per TrainJob uid and step.
     deferred: Mutex<HashMap<(String, Step), Deferral>>,
     writer: mpsc::UnboundedSender<Write>,
@@ -368,12 +371,12 @@ impl Dispatch {
             sessions: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(1),
             logs: Mutex::new(HashMap::new()),
-            demand: moka::sync::Cache::new(65_536),
-            enforced: crate::memory::lru(ENFORCED_KEPT),
+            demand: Recent::new(DEMAND_KEPT),
+            enforced: Recent::new(ENFORCED_KEPT),
             pods: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
-            typed: crate::memory::lru(TYPED_KEPT),
+            typed: Recent::new(TYPED_KEPT),
             deferred: Mutex::new(HashMap::new()),
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),

@@ -17,6 +17,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use crate::recent::Recent;
+
 use super::{
     Event, EventType, Key, Live, LiveChange, Object, RawObject, Rv, StoreError, Watch,
     matches_scope,
@@ -24,11 +26,9 @@ use super::{
 
 /// Live events a watcher may lag behind before its watch is ended.
 const LIVE_BUFFER: usize = 65_536;
-/// Decoded objects kept for reads, least recently used evicted first:
-/// what was just written is what is read next (moka's default, TinyLFU,
-/// would turn away a new object in favour of ones read more often before,
-/// so in a burst of new TrainJobs nearly every read decoded again).
-const DECODED: u64 = 1024;
+/// Decoded objects kept for reads, least recently used evicted first
+/// (see [`Recent`]): what was just written is what is read next.
+const DECODED: usize = 1024;
 
 /// An object as the cache holds it.
 #[derive(Debug, Clone)]
@@ -66,7 +66,7 @@ struct State {
 pub(crate) struct Cache {
     state: RwLock<State>,
     history_cap: usize,
-    decoded: moka::sync::Cache<Key, (Rv, Arc<Value>)>,
+    decoded: Recent<Key, (Rv, Arc<Value>)>,
     /// The revision of the last applied change (or the load), for
     /// [`Cache::wait_for`].
     seen: tokio::sync::watch::Sender<Rv>,
@@ -94,10 +94,7 @@ impl Cache {
                 live,
             }),
             history_cap: history_cap.max(1),
-            decoded: moka::sync::Cache::builder()
-                .max_capacity(DECODED)
-                .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .build(),
+            decoded: Recent::new(DECODED),
             seen: tokio::sync::watch::Sender::new(rv),
         }
     }
@@ -144,14 +141,13 @@ impl Cache {
                     // Kept fresh where it was read before; an object
                     // nobody reads (an Event, a pod shown) does not push
                     // out those that are.
-                    if self.decoded.contains_key(&change.key) {
-                        match &change.value {
-                            Some(value) => self
-                                .decoded
-                                .insert(change.key.clone(), (change.rv, value.clone())),
-                            None => self.decoded.invalidate(&change.key),
-                        }
-                    }
+                    self.decoded.refresh(
+                        &change.key,
+                        change
+                            .value
+                            .as_ref()
+                            .map(|value| (change.rv, value.clone())),
+                    );
                 }
             }
             if watched {
@@ -283,7 +279,7 @@ impl Cache {
             .filter_map(|(k, stored)| {
                 // Lists decode without filling the hot cache: a list of
                 // every object would only evict the objects in use.
-                match self.decoded.get(&k) {
+                match self.decoded.peek(&k) {
                     Some((rv, value)) if rv == stored.rv => Some(Object { key: k, rv, value }),
                     _ => decode(&k, stored.rv, &stored.bytes),
                 }
