@@ -25,13 +25,19 @@
 //!
 //! # Threads
 //!
-//! No call executes on an async runtime's worker while that worker owes
-//! its other tasks: on a multi-threaded tokio runtime the calling worker
-//! first hands its tasks to another thread (`block_in_place`) and then runs
-//! the call itself, as a blocking thread, so API requests keep being served
-//! while plugins run and no call pays a hop to another thread; a call from
-//! a current-thread runtime (whose only thread must not block) runs on one
-//! of the host's own plugin threads; a call from a plain thread runs there.
+//! A call runs on the thread that makes it, without a hop. On a
+//! multi-threaded tokio runtime's worker, a call that starts at once runs
+//! there, and if it is still running at the next epoch tick (at most
+//! [`TICK`] later; a call takes tens of microseconds) the worker hands its
+//! other tasks to another thread (`block_in_place`) and finishes the call
+//! as a blocking thread: API requests keep being served while a plugin
+//! runs long, and the usual short call does not pay for a hand-off (a
+//! blocking thread woken and two context switches per call, 9% of the
+//! dispatch bench's CPU when every call paid it; `docs/benchmarks.md`). A
+//! call that must wait for its turn hands the worker's tasks off before it
+//! waits. A call from a current-thread runtime (whose only thread must not
+//! block) runs on one of the host's own plugin threads; a call from a plain
+//! thread runs there.
 //! At most as many calls as there are plugin threads run at once, wherever
 //! they run; at most [`PLUGIN_QUEUE`] more wait for their turn, and a
 //! further call is refused at once as [`PluginError::Deferred`] (the host
@@ -792,6 +798,7 @@ impl Call {
         // Checked at every tick: the call's CPU time, then its wall-clock time.
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|mut ctx| {
+            hand_off_worker();
             let clock = &mut ctx.data_mut().clock;
             Ok(match clock.check() {
                 None => UpdateDeadline::Continue(1),
@@ -1042,6 +1049,41 @@ impl Drop for Slot {
     }
 }
 
+thread_local! {
+    /// Set while this thread, on a multi-threaded tokio runtime, runs a call
+    /// without having handed its worker's tasks off (see the module docs).
+    static INLINE_ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the thread as running a call inline, until dropped.
+struct InlineOnWorker(bool);
+
+impl InlineOnWorker {
+    fn enter() -> Self {
+        InlineOnWorker(INLINE_ON_WORKER.replace(true))
+    }
+}
+
+impl Drop for InlineOnWorker {
+    fn drop(&mut self) {
+        INLINE_ON_WORKER.set(self.0);
+    }
+}
+
+/// How long a worker that hands its tasks off waits for the thread taking
+/// them to start: were it to wake later, the worker would take its tasks
+/// back when this returns, and hand them off again at the next tick.
+const HAND_OFF_GRACE: Duration = Duration::from_micros(200);
+
+/// At an epoch tick of a call running inline on an async runtime's worker:
+/// hands the worker's other tasks to another thread, so the call finishes
+/// as a blocking thread (a no-op once they are handed off).
+fn hand_off_worker() {
+    if INLINE_ON_WORKER.get() {
+        tokio::task::block_in_place(|| std::thread::sleep(HAND_OFF_GRACE));
+    }
+}
+
 /// Where calls run, and how many at once: a fixed set of plugin threads
 /// (for callers that must not block), and a gate that lets at most that
 /// many calls run at once, wherever they run, with at most `bound` waiting.
@@ -1133,12 +1175,28 @@ impl Threads {
         Ok(Turn(self))
     }
 
+    /// A turn if one is free now.
+    fn try_turn(&self) -> Option<Turn<'_>> {
+        let mut gate = self.gate();
+        if gate.running >= gate.limit {
+            return None;
+        }
+        gate.running += 1;
+        Some(Turn(self))
+    }
+
     /// Runs `work` on the caller's thread in its turn. A panic in the host's
     /// own code ends that call, not the caller.
     fn run_here<R>(&self, work: impl FnOnce() -> R) -> Result<R, String> {
-        let _turn = self.take_turn()?;
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-            .map_err(|_| "the plugin call panicked in the host".to_string())
+        let turn = self.take_turn()?;
+        Self::run_in_turn(turn, work)
+    }
+
+    fn run_in_turn<R>(turn: Turn<'_>, work: impl FnOnce() -> R) -> Result<R, String> {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+            .map_err(|_| "the plugin call panicked in the host".to_string());
+        drop(turn);
+        result
     }
 
     /// Runs `work` where the caller's thread allows (see the module docs)
@@ -1152,7 +1210,13 @@ impl Threads {
             Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::CurrentThread => {
                 self.run_on_thread(work)
             }
-            Ok(_) => tokio::task::block_in_place(|| self.run_here(work)),
+            Ok(_) => match self.try_turn() {
+                Some(turn) => {
+                    let _inline = InlineOnWorker::enter();
+                    Self::run_in_turn(turn, work)
+                }
+                None => tokio::task::block_in_place(|| self.run_here(work)),
+            },
             Err(_) => self.run_here(work),
         }
     }

@@ -209,8 +209,9 @@ fn the_wall_clock_bound_defers_rather_than_fails() {
     assert_names_plugin(&err);
 }
 
-/// Plugin calls never run on the caller's thread: an async runtime's
-/// worker that makes one keeps its other tasks moving.
+/// An async runtime's worker that calls a plugin keeps its other tasks
+/// moving: a call still running at the next epoch tick hands them to
+/// another thread.
 #[test]
 fn a_call_spares_the_async_workers() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -226,19 +227,22 @@ fn a_call_spares_the_async_workers() {
         },
     );
     runtime.block_on(async move {
-        // The only worker calls the looping plugin ...
-        let call =
-            tokio::spawn(async move { plugin.validate(&torch_job_json(), &torch_runtime_json()) });
-        // ... and a timer task on the same runtime still ticks meanwhile.
-        let ticks = tokio::spawn(async {
+        // A timer task ticks on the runtime's only worker ...
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let ticks = tokio::spawn(async move {
+            let _ = started_tx.send(());
             let mut late = Duration::ZERO;
-            for _ in 0..10 {
+            for _ in 0..20 {
                 let before = Instant::now();
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 late = late.max(before.elapsed().saturating_sub(Duration::from_millis(50)));
             }
             late
         });
+        started.await.expect("the timer task started");
+        // ... which then calls the looping plugin between two ticks.
+        let call =
+            tokio::spawn(async move { plugin.validate(&torch_job_json(), &torch_runtime_json()) });
         let late = ticks.await.expect("the timer task");
         let result = call.await.expect("the calling task");
         assert!(matches!(result, Err(PluginError::CpuExhausted { .. })));
