@@ -252,13 +252,14 @@ impl Dispatch {
                 }
             };
             let span = this.observe.build(&run_id, &spoke, generation);
+            // Built on this task's thread: a plugin call that runs long
+            // hands the worker's other tasks off itself (see
+            // `plugins::host`), and the rest is microseconds.
             let built = {
-                let this = this.clone();
-                let value = object.value.clone();
-                let span = span.clone();
-                tokio::task::spawn_blocking(move || {
+                let value = &object.value;
+                let build = || {
                     let _build = span.enter();
-                    let (job, runtime, pipeline) = this.pipeline_for(&value)?;
+                    let (job, runtime, pipeline) = this.pipeline_for(value)?;
                     let generation = value["metadata"]["generation"].as_i64().unwrap_or(0);
                     let uid = value["metadata"]["uid"].as_str().unwrap_or_default();
                     let built = match this.enforced.get(&(uid.to_string(), generation)) {
@@ -278,9 +279,8 @@ impl Dispatch {
                             })?;
                     }
                     Ok::<_, StepError>(rendered)
-                })
-                .await
-                .unwrap_or_else(|e| Err(format!("the build task failed: {e}").into()))
+                };
+                build()
             };
             let uid = object.value["metadata"]["uid"]
                 .as_str()
