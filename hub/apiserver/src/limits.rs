@@ -53,18 +53,19 @@ const _: () = assert!(MAX_OBJECT_DEPTH < STORE_READABLE_DEPTH);
 /// The nesting depth of `value`, computed without recursion (a value built
 /// by a patch may be deeper than the stack allows to walk recursively).
 pub fn depth(value: &Value) -> usize {
+    // Only containers are stacked (with their own depth): a scalar adds no
+    // level, and every write is walked, so the stack stays small.
+    let container = |v: &&Value| v.is_array() || v.is_object();
     let mut deepest = 0;
-    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    let mut stack: Vec<(&Value, usize)> = Vec::new();
+    if container(&value) {
+        stack.push((value, 1));
+    }
     while let Some((v, d)) = stack.pop() {
+        deepest = deepest.max(d);
         match v {
-            Value::Array(a) => {
-                deepest = deepest.max(d + 1);
-                stack.extend(a.iter().map(|c| (c, d + 1)));
-            }
-            Value::Object(m) => {
-                deepest = deepest.max(d + 1);
-                stack.extend(m.values().map(|c| (c, d + 1)));
-            }
+            Value::Array(a) => stack.extend(a.iter().filter(container).map(|c| (c, d + 1))),
+            Value::Object(m) => stack.extend(m.values().filter(container).map(|c| (c, d + 1))),
             _ => {}
         }
     }
