@@ -86,7 +86,7 @@ pub fn hub_config(dir: &Path, pki: &PemDir, spokes: bool) -> Config {
 }
 
 /// Starts `spokes` simulated spokes (the sim backend: unbounded CPU and
-/// memory, runs that start at once and never end) dialing the hub's gRPC
+/// memory, runs that start at once and complete at once) dialing the hub's gRPC
 /// endpoint at `grpc` with certificates from `ca`; each run's start is
 /// reported on the returned channel as (run id, when).
 #[allow(dead_code)] // used by the benches that dispatch
