@@ -280,7 +280,10 @@ impl Dispatch {
                     }
                     Ok::<_, StepError>(rendered)
                 };
-                build()
+                // A panic in the host's own code fails this Build, as it
+                // did when it ran as a task of its own.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(build))
+                    .unwrap_or_else(|_| Err("the build panicked in the host".to_string().into()))
             };
             let uid = object.value["metadata"]["uid"]
                 .as_str()

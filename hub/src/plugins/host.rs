@@ -32,8 +32,8 @@
 //! other tasks to another thread (`block_in_place`) and finishes the call
 //! as a blocking thread: API requests keep being served while a plugin
 //! runs long, and the usual short call does not pay for a hand-off (a
-//! blocking thread woken and two context switches per call, 9% of the
-//! dispatch bench's CPU when every call paid it; `docs/benchmarks.md`). A
+//! blocking thread woken per call: a third of the dispatch bench's futex
+//! calls and context switches when every call paid it; `docs/benchmarks.md`). A
 //! call that must wait for its turn hands the worker's tasks off before it
 //! waits. A call from a current-thread runtime (whose only thread must not
 //! block) runs on one of the host's own plugin threads; a call from a plain
