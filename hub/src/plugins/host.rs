@@ -1070,18 +1070,33 @@ impl Drop for InlineOnWorker {
     }
 }
 
-/// How long a worker that hands its tasks off waits for the thread taking
-/// them to start: were it to wake later, the worker would take its tasks
-/// back when this returns, and hand them off again at the next tick.
-const HAND_OFF_GRACE: Duration = Duration::from_micros(200);
+/// How long a worker that hands its tasks off waits, at most, for them to
+/// run elsewhere: on a loaded machine the thread that takes them may start
+/// late, and were the wait to end first the worker would take its tasks
+/// back, to hand them off again at the next tick.
+const HAND_OFF_WAIT: Duration = TICK;
 
 /// At an epoch tick of a call running inline on an async runtime's worker:
-/// hands the worker's other tasks to another thread, so the call finishes
-/// as a blocking thread (a no-op once they are handed off).
+/// hands the worker's other tasks to another thread, so that the call
+/// finishes as a blocking thread, and waits until a task spawned meanwhile
+/// has run (some thread is serving the runtime) or [`HAND_OFF_WAIT`] has
+/// passed. Once handed off, each tick only sees that task run.
 fn hand_off_worker() {
-    if INLINE_ON_WORKER.get() {
-        tokio::task::block_in_place(|| std::thread::sleep(HAND_OFF_GRACE));
+    if !INLINE_ON_WORKER.get() {
+        return;
     }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    tokio::task::block_in_place(|| {
+        let served = Arc::new(AtomicBool::new(false));
+        let flag = served.clone();
+        drop(runtime.spawn(async move { flag.store(true, Ordering::Release) }));
+        let deadline = Instant::now() + HAND_OFF_WAIT;
+        while !served.load(Ordering::Acquire) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    });
 }
 
 /// Where calls run, and how many at once: a fixed set of plugin threads
