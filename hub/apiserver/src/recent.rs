@@ -14,6 +14,11 @@
 //! caller's thread and frees entries through an epoch collector: 9% of the
 //! dispatch bench's CPU, see `docs/benchmarks.md`.)
 //!
+//! It keeps by recency, not frequency, on purpose: what these caches hold
+//! was just written or computed and is read again soon after, and a
+//! frequency filter (moka's default, TinyLFU) turns most new keys away in a
+//! burst of new TrainJobs.
+//!
 //! Keys come from tenants (names), so each shard's map is small and bounded
 //! whatever they hash to; the hasher is seeded per process.
 
