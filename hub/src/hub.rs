@@ -449,7 +449,7 @@ impl Hub {
             .authorizer(Arc::new(crate::trainer_status::JobTokens {
                 inner: Arc::new(PolicyAuthorizer::new(policy)),
             }))
-            .status_posts(Arc::new(crate::trainer_status::StatusPosts))
+            .status_posts(Arc::new(crate::trainer_status::StatusPosts::default()))
             .request_limits(config.api_limits.request_limits())
             .watch_send_timeout(config.api_limits.http_write_timeout)
             .version(trainhub_apiserver::server::VersionInfo::kubernetes_level(

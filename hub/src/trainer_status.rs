@@ -38,9 +38,18 @@
 //! rules apply: 0–100, at most 256 metrics, `lastUpdatedTime` required);
 //! the answer echoes the request. Kubeflow's SDK
 //! (`kubeflow.trainer.update_trainjob_status`) posts exactly this.
+//!
+//! A TrainJob's status is taken at most once per [`POST_INTERVAL`] (per hub
+//! replica): each post is a TrainJob write, which every watcher of
+//! TrainJobs pays for, and the poster is the tenant's own command. A post
+//! sooner is answered 429 TooManyRequests with `Retry-After`, as
+//! kube-apiserver answers a client it holds back; the SDK throttles itself
+//! to one post per 5 s and never sees it. A post refused before it is taken
+//! (a token of another TrainJob, a body that does not decode) does not use
+//! up the interval; one the schema refuses after does.
 
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use base64::Engine as _;
@@ -48,6 +57,7 @@ use ring::hmac;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use trainhub_apiserver::auth::{Attributes, Authorizer, Rules, TokenAuthenticator, UserInfo};
+use trainhub_apiserver::recent::Recent;
 use trainhub_apiserver::resource::ResourceDef;
 use trainhub_apiserver::server::{StatusPost, StatusPosted};
 use trainhub_apiserver::status::ApiError;
@@ -71,6 +81,11 @@ const USER_PREFIX: &str = "system:trainjob:";
 const TOKEN_PREFIX: &str = "trainjob";
 /// Upstream's status server reads at most this much of a body.
 pub const MAX_BODY: usize = 1 << 16;
+/// The least time between two posts of one TrainJob's status that are taken.
+pub const POST_INTERVAL: Duration = Duration::from_secs(1);
+/// How many TrainJobs' last posts are remembered: a TrainJob forgotten
+/// (the least recently posting) may post again at once.
+const POSTERS_KEPT: usize = 65_536;
 
 /// Where the key lives in the store (not an API object: never served).
 fn key_location() -> Key {
@@ -287,7 +302,48 @@ struct PostedMetric {
 
 /// POSTs to a TrainJob's `/status`: the `trainerStatus` it carries
 /// replaces the stored one.
-pub struct StatusPosts;
+/// Takes posted trainer statuses, at most one per TrainJob per interval.
+pub struct StatusPosts {
+    interval: Duration,
+    /// When each TrainJob (by uid) last had a post taken.
+    last: Recent<String, Arc<Mutex<Option<Instant>>>>,
+}
+
+impl Default for StatusPosts {
+    fn default() -> Self {
+        StatusPosts::with_interval(POST_INTERVAL)
+    }
+}
+
+impl StatusPosts {
+    pub fn with_interval(interval: Duration) -> StatusPosts {
+        StatusPosts {
+            interval,
+            last: Recent::new(POSTERS_KEPT),
+        }
+    }
+
+    /// Takes a post of the TrainJob `uid` now, or says how long until one
+    /// is taken.
+    fn take(&self, uid: &str) -> Result<(), Duration> {
+        let slot = self
+            .last
+            .try_get_with(uid.to_string(), || {
+                Ok::<_, std::convert::Infallible>(Arc::new(Mutex::new(None)))
+            })
+            .unwrap_or_else(|never| match never {});
+        let mut last = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if let Some(at) = *last {
+            let since = now.saturating_duration_since(at);
+            if since < self.interval {
+                return Err(self.interval - since);
+            }
+        }
+        *last = Some(now);
+        Ok(())
+    }
+}
 
 impl StatusPost for StatusPosts {
     fn serves(&self, def: &ResourceDef) -> bool {
@@ -314,6 +370,24 @@ impl StatusPost for StatusPosts {
             });
         };
         let trainer_status = normalize(posted)?;
+        let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
+        if let Err(wait) = self.take(uid) {
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                format!(
+                    "status.trainerStatus: this TrainJob's status was posted less than {}s ago; at most one post per {}s is taken",
+                    self.interval.as_secs_f64(),
+                    self.interval.as_secs_f64()
+                ),
+            );
+            e.retry_after_seconds = Some(
+                u32::try_from(wait.as_secs_f64().ceil() as u64)
+                    .unwrap_or(u32::MAX)
+                    .max(1),
+            );
+            return Err(e);
+        }
         let mut status = object.get("status").cloned().unwrap_or_else(|| json!({}));
         if !status.is_object() {
             status = json!({});
@@ -698,7 +772,9 @@ mod tests {
             br#"{"trainerStatus": {"progressPercentage": 40, "estimatedRemainingSeconds": 90,
             "metrics": [{"name": "loss", "value": "0.25"}],
             "lastUpdatedTime": "2026-11-26T10:00:00.123456+00:00", "extra": 1}, "unknown": true}"#;
-        let posted = StatusPosts.post(&token_user("u1"), &job(), body).unwrap();
+        let posted = StatusPosts::default()
+            .post(&token_user("u1"), &job(), body)
+            .unwrap();
         let expected = json!({"progressPercentage": 40, "estimatedRemainingSeconds": 90,
             "metrics": [{"name": "loss", "value": "0.25"}], "lastUpdatedTime": "2026-11-26T10:00:00Z"});
         let status = posted.status.unwrap();
@@ -706,7 +782,9 @@ mod tests {
         assert_eq!(status["conditions"], json!([{"type": "Created"}]));
         assert_eq!(posted.answer, json!({"trainerStatus": expected}));
         // Without trainerStatus nothing is written.
-        let empty = StatusPosts.post(&token_user("u1"), &job(), b"{}").unwrap();
+        let empty = StatusPosts::default()
+            .post(&token_user("u1"), &job(), b"{}")
+            .unwrap();
         assert_eq!(empty.status, None);
     }
 
@@ -715,16 +793,18 @@ mod tests {
         let user = token_user("u1");
         // Another TrainJob of the same name (a new uid).
         assert_eq!(
-            StatusPosts
+            StatusPosts::default()
                 .post(&token_user("u0"), &job(), b"{}")
                 .unwrap_err()
                 .code,
             403
         );
-        let e = StatusPosts.post(&user, &job(), b"{not json").unwrap_err();
+        let e = StatusPosts::default()
+            .post(&user, &job(), b"{not json")
+            .unwrap_err();
         assert_eq!((e.code, e.reason), (422, "Invalid"));
         assert!(e.message.starts_with("Invalid payload"), "{}", e.message);
-        let e = StatusPosts
+        let e = StatusPosts::default()
             .post(
                 &user,
                 &job(),
@@ -732,7 +812,7 @@ mod tests {
             )
             .unwrap_err();
         assert_eq!(e.code, 422);
-        let e = StatusPosts
+        let e = StatusPosts::default()
             .post(
                 &user,
                 &job(),
@@ -746,7 +826,44 @@ mod tests {
             e.message
         );
         let big = vec![b' '; MAX_BODY + 1];
-        assert_eq!(StatusPosts.post(&user, &job(), &big).unwrap_err().code, 413);
+        assert_eq!(
+            StatusPosts::default()
+                .post(&user, &job(), &big)
+                .unwrap_err()
+                .code,
+            413
+        );
+    }
+
+    #[test]
+    fn a_trainjob_posting_faster_than_the_interval_is_held_back() {
+        let post = br#"{"trainerStatus": {"progressPercentage": 7, "lastUpdatedTime": "2026-11-28T10:00:00Z"}}"#;
+        let user = token_user("u1");
+        let posts = StatusPosts::with_interval(Duration::from_secs(3600));
+        // A refused post does not use up the interval.
+        assert_eq!(
+            posts.post(&user, &job(), b"{not json").unwrap_err().code,
+            422
+        );
+        assert!(posts.post(&user, &job(), post).unwrap().status.is_some());
+        let e = posts.post(&user, &job(), post).unwrap_err();
+        assert_eq!((e.code, e.reason), (429, "TooManyRequests"));
+        assert!(
+            e.message.starts_with("status.trainerStatus: "),
+            "{}",
+            e.message
+        );
+        let wait = e.retry_after_seconds.unwrap();
+        assert!((3599..=3600).contains(&wait), "{wait}");
+        // Another TrainJob is not held back by this one.
+        let mut other = job();
+        other["metadata"]["uid"] = json!("u2");
+        assert!(posts.post(&token_user("u2"), &other, post).is_ok());
+        // Once the interval has passed, a post is taken again.
+        let posts = StatusPosts::with_interval(Duration::from_millis(20));
+        assert!(posts.post(&user, &job(), post).is_ok());
+        std::thread::sleep(Duration::from_millis(25));
+        assert!(posts.post(&user, &job(), post).is_ok());
     }
 
     #[tokio::test]

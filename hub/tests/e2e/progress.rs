@@ -155,6 +155,9 @@ fn training_pods_report_progress_that_kubectl_shows() {
         ("KUBEFLOW_TRAINER_SERVER_CA_CERT", ca.display().to_string()),
         ("KUBEFLOW_TRAINER_SERVER_TOKEN", token.display().to_string()),
     ];
+    // The hub takes one post per TrainJob per interval: the script's was
+    // the last.
+    std::thread::sleep(trainhub::trainer_status::POST_INTERVAL);
     let sent = python(
         &interpreter,
         "from kubeflow.trainer import update_trainjob_status\n\
@@ -215,6 +218,7 @@ fn training_pods_report_progress_that_kubectl_shows() {
         token_text,
     );
     assert!(answer.starts_with("403"), "another job's status: {answer}");
+    std::thread::sleep(trainhub::trainer_status::POST_INTERVAL);
     let answer = post(
         &url,
         r#"{"trainerStatus": {"progressPercentage": 101, "lastUpdatedTime": "2026-01-01T00:00:00Z"}}"#,
