@@ -3,7 +3,7 @@
 //! queue, its pods with their spoke and node, their logs (followed through
 //! server-sent events), its events and YAML, and its trace.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,7 +165,15 @@ pub(crate) async fn page(
     };
     let position = if view::state(&job) == "Pending" {
         let all = d.summaries().list(d.store().as_ref(), &Scope::All).await;
-        queue_position(&all, &namespace, &name)
+        let (classes, _) = d
+            .store()
+            .list(crate::kueue::WORKLOAD_PRIORITY_CLASSES, None);
+        let priority: HashMap<String, i32> = classes
+            .iter()
+            .filter_map(|c| crate::dispatch::quota::parse_priority_class(&c.value).ok())
+            .map(|p| (p.name, p.value))
+            .collect();
+        queue_position(&all, &namespace, &name, &priority)
     } else {
         None
     };
@@ -214,22 +222,44 @@ fn event_time(e: &Value) -> &str {
 }
 
 /// Where a pending TrainJob stands among the pending TrainJobs of its
-/// queue: (position from 1, how many are pending), first come first
-/// served.
+/// queue, in the hub's dispatch order: higher priority first (`priority`:
+/// a TrainJob's WorkloadPriorityClass value by name; unknown or none: 0),
+/// then the earlier created. Its queue is its namespace's LocalQueue, or,
+/// for a TrainJob outside Kueue's queues, the hub's one queue of those.
+/// (position from 1, how many are pending).
 pub(crate) fn queue_position(
     all: &[Arc<Summary>],
     namespace: &str,
     name: &str,
+    priority: &HashMap<String, i32>,
 ) -> Option<(usize, usize)> {
     let me = all
         .iter()
         .find(|s| s.namespace == namespace && s.name == name)?;
+    let same_queue =
+        |s: &Summary| s.queue == me.queue && (me.queue.is_empty() || s.namespace == me.namespace);
+    // Kueue's priority applies to the jobs of its queues only.
+    let priority_of = |s: &Summary| -> i32 {
+        if s.queue.is_empty() {
+            return 0;
+        }
+        s.labels
+            .iter()
+            .find(|(k, _)| k == crate::kueue::LABEL_PRIORITY_CLASS)
+            .and_then(|(_, class)| priority.get(class).copied())
+            .unwrap_or(0)
+    };
     let mut pending: Vec<&Arc<Summary>> = all
         .iter()
-        .filter(|s| s.state == "Pending" && s.queue == me.queue)
+        .filter(|s| s.state == "Pending" && same_queue(s))
         .collect();
-    pending.sort_by(|a, b| {
-        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    pending.sort_by_cached_key(|s| {
+        (
+            std::cmp::Reverse(priority_of(s)),
+            s.created.clone(),
+            s.namespace.clone(),
+            s.name.clone(),
+        )
     });
     let at = pending
         .iter()
@@ -371,7 +401,7 @@ pub(crate) fn render(d: &Detail<'_>) -> Markup {
                     p #queue-position {
                         "Position " strong { (at) } " of " (of) " pending in "
                         @if view::queue(job).is_empty() { "the default queue" } @else { "queue " strong { (view::queue(job)) } }
-                        " (first come, first served; priorities and quotas may reorder)."
+                        " (higher priority first, then first come, first served; quota may let a later one start first)."
                     }
                 }
                 @let reasons: Vec<&&Value> = conditions.iter().filter(|c| c["status"] != "True" || str_at(c, "/type") == "Suspended").collect();
@@ -617,29 +647,53 @@ mod tests {
     }
 
     #[test]
-    fn queue_position_is_first_come_first_served_per_queue() {
-        let s = |name: &str, state: &'static str, queue: &str, created: &str| {
-            Arc::new(Summary {
-                namespace: "ns".into(),
-                name: name.into(),
-                state,
-                queue: queue.into(),
-                runtime: String::new(),
-                spoke: String::new(),
-                progress: None,
-                created: created.into(),
-                labels: vec![],
-            })
-        };
+    fn queue_position_is_by_priority_then_creation_per_queue() {
+        let s =
+            |ns: &str, name: &str, state: &'static str, queue: &str, class: &str, created: &str| {
+                let labels = if class.is_empty() {
+                    vec![]
+                } else {
+                    vec![(
+                        crate::kueue::LABEL_PRIORITY_CLASS.to_string(),
+                        class.to_string(),
+                    )]
+                };
+                Arc::new(Summary {
+                    namespace: ns.into(),
+                    name: name.into(),
+                    state,
+                    queue: queue.into(),
+                    runtime: String::new(),
+                    spoke: String::new(),
+                    progress: None,
+                    created: created.into(),
+                    labels,
+                })
+            };
+        let priority: HashMap<String, i32> = [("high".to_string(), 1000)].into();
         let all = vec![
-            s("a", "Pending", "q", "2026-01-01T00:00:03Z"),
-            s("b", "Pending", "q", "2026-01-01T00:00:01Z"),
-            s("c", "Running", "q", "2026-01-01T00:00:00Z"),
-            s("d", "Pending", "other", "2026-01-01T00:00:00Z"),
+            s("ns", "a", "Pending", "q", "", "2026-01-01T00:00:03Z"),
+            s("ns", "b", "Pending", "q", "", "2026-01-01T00:00:01Z"),
+            s("ns", "c", "Running", "q", "", "2026-01-01T00:00:00Z"),
+            s("ns", "d", "Pending", "other", "", "2026-01-01T00:00:00Z"),
+            // Created last, but of a higher priority.
+            s("ns", "e", "Pending", "q", "high", "2026-01-01T00:00:09Z"),
+            // A LocalQueue of the same name in another namespace.
+            s("other-ns", "f", "Pending", "q", "", "2026-01-01T00:00:00Z"),
+            // Outside Kueue's queues: one queue across namespaces, and a
+            // priority class label is not Kueue's to apply.
+            s("ns", "g", "Pending", "", "high", "2026-01-01T00:00:05Z"),
+            s("other-ns", "h", "Pending", "", "", "2026-01-01T00:00:04Z"),
         ];
-        assert_eq!(queue_position(&all, "ns", "a"), Some((2, 2)));
-        assert_eq!(queue_position(&all, "ns", "b"), Some((1, 2)));
-        assert_eq!(queue_position(&all, "ns", "c"), None);
+        let at = |ns: &str, name: &str| queue_position(&all, ns, name, &priority);
+        assert_eq!(at("ns", "e"), Some((1, 3)));
+        assert_eq!(at("ns", "b"), Some((2, 3)));
+        assert_eq!(at("ns", "a"), Some((3, 3)));
+        assert_eq!(at("ns", "c"), None);
+        assert_eq!(at("ns", "d"), Some((1, 1)));
+        assert_eq!(at("other-ns", "f"), Some((1, 1)));
+        assert_eq!(at("other-ns", "h"), Some((1, 2)));
+        assert_eq!(at("ns", "g"), Some((2, 2)));
     }
 
     #[tokio::test]
