@@ -45,7 +45,7 @@ use axum::routing::{get, post};
 use maud::{Markup, html};
 use tower::ServiceExt as _;
 use trainhub_apiserver::auth::{Attributes, UserInfo};
-use trainhub_apiserver::server::Server;
+use trainhub_apiserver::server::{RequestSlot, Server};
 use trainhub_apiserver::status::ApiError;
 use trainhub_apiserver::store::Store;
 use trainhub_apiserver::tls::PeerCertificate;
@@ -275,6 +275,11 @@ impl Dashboard {
         let user = server
             .authenticate(&headers, &extensions)
             .map_err(|_| unauthenticated())?;
+        // A page load counts against the caller's in-flight caps as an API
+        // request does; a stream of updates or of logs as a watch does.
+        let slot = server
+            .admit(&user, is_stream(parts))
+            .map_err(|e| too_many(&e))?;
         let csrf = self
             .0
             .key
@@ -286,6 +291,7 @@ impl Dashboard {
             authorization: headers.get(header::AUTHORIZATION).cloned(),
             cert,
             csrf,
+            slot: Some(slot),
         })
     }
 
@@ -413,6 +419,34 @@ pub(crate) struct Session {
     cert: Option<PeerCertificate>,
     /// The token the session's forms carry.
     pub csrf: String,
+    /// The request's place under the caller's in-flight caps.
+    slot: Option<RequestSlot>,
+}
+
+impl Session {
+    /// The request's place under the in-flight caps, for a stream to hold
+    /// for as long as it runs.
+    pub(crate) fn take_slot(&mut self) -> Option<RequestSlot> {
+        self.slot.take()
+    }
+}
+
+/// Whether the request opens a stream that lasts as long as the client
+/// wants: the table's live updates. (A followed log is the API's own
+/// stream, held under the caps by the API request behind it.)
+fn is_stream(parts: &Parts) -> bool {
+    parts.uri.path().ends_with("/live")
+}
+
+/// The API's 429 as a page, with its `Retry-After`.
+fn too_many(e: &ApiError) -> Response {
+    let mut response = error_page(None, StatusCode::TOO_MANY_REQUESTS, &e.message);
+    if let Some(seconds) = e.retry_after_seconds
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 /// The bearer token in the dashboard's cookie.

@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt as _};
 use maud::{Markup, html};
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
@@ -429,7 +429,7 @@ pub(crate) fn render(
 /// the store's bounded broadcast: a client that falls behind gets a
 /// `reload` event and the stream ends.
 pub(crate) async fn live(State(d): State<Dashboard>, request: Request) -> Response {
-    let (session, filter, scope) = match table_request(&d, request) {
+    let (mut session, filter, scope) = match table_request(&d, request) {
         Ok(t) => t,
         Err(r) => return r,
     };
@@ -443,7 +443,13 @@ pub(crate) async fn live(State(d): State<Dashboard>, request: Request) -> Respon
             );
         }
     };
-    Sse::new(row_events(watch.live, scope, filter))
+    // The stream holds the caller's place under the caps while it runs.
+    let slot = session.take_slot();
+    let events = row_events(watch.live, scope, filter).map(move |event| {
+        let _held = &slot;
+        event
+    });
+    Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
 }

@@ -46,7 +46,7 @@ impl Default for RequestLimits {
 }
 
 /// A slot taken for one request; given back when dropped.
-pub(crate) struct Slot {
+pub struct Slot {
     _user: Option<OwnedSemaphorePermit>,
     _all: Option<OwnedSemaphorePermit>,
 }
@@ -75,9 +75,16 @@ impl InFlight {
         self.limits
     }
 
-    /// A slot for a request of `user` to `uri`, or 429 naming the limit.
+    /// A slot for a request of `user` to `uri`, or 429 naming the limit;
+    /// and whether the request is long-running.
     pub fn admit(&self, user: &UserInfo, uri: &Uri) -> Result<(Slot, bool), ApiError> {
         let long_running = is_long_running(uri);
+        Ok((self.admit_as(user, long_running)?, long_running))
+    }
+
+    /// A slot for a request of `user` (a stream that lasts as long as the
+    /// client wants, if `long_running`), or 429 naming the limit.
+    pub fn admit_as(&self, user: &UserInfo, long_running: bool) -> Result<Slot, ApiError> {
         if long_running {
             let all = match self.limits.max_long_running {
                 0 => None,
@@ -98,22 +105,16 @@ impl InFlight {
                     user.name
                 ))
             })?;
-            return Ok((
-                Slot {
-                    _user: mine,
-                    _all: all,
-                },
-                true,
-            ));
+            return Ok(Slot {
+                _user: mine,
+                _all: all,
+            });
         }
         if user.groups.iter().any(|g| g == PRIVILEGED_GROUP) {
-            return Ok((
-                Slot {
-                    _user: None,
-                    _all: None,
-                },
-                false,
-            ));
+            return Ok(Slot {
+                _user: None,
+                _all: None,
+            });
         }
         let mine = take(
             &self.short,
@@ -126,13 +127,10 @@ impl InFlight {
                 user.name
             ))
         })?;
-        Ok((
-            Slot {
-                _user: mine,
-                _all: None,
-            },
-            false,
-        ))
+        Ok(Slot {
+            _user: mine,
+            _all: None,
+        })
     }
 }
 

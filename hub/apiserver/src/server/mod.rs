@@ -23,7 +23,7 @@ use axum::Router;
 use axum::routing::get;
 use serde_json::Value;
 
-pub use self::inflight::RequestLimits;
+pub use self::inflight::{RequestLimits, Slot as RequestSlot};
 pub use self::request::{ByteStream, LogSource, LogsFuture};
 use crate::admission::{self, Admission};
 use crate::auth::{self, Authenticator, Authorizer};
@@ -350,6 +350,23 @@ impl Server {
         extensions: &axum::http::Extensions,
     ) -> Result<auth::UserInfo, crate::status::ApiError> {
         request::authenticate(self, headers, extensions)
+    }
+
+    /// A place for a request of `user` that does not come through the API
+    /// (a dashboard page, a stream of its updates if `long_running`) under
+    /// the same per-user in-flight caps as the API's requests: held until
+    /// dropped.
+    ///
+    /// # Errors
+    ///
+    /// The API's 429 TooManyRequests naming the limit.
+    #[allow(clippy::result_large_err)]
+    pub fn admit(
+        &self,
+        user: &auth::UserInfo,
+        long_running: bool,
+    ) -> Result<RequestSlot, crate::status::ApiError> {
+        self.inflight.admit_as(user, long_running)
     }
 
     /// Whether the API's authorizer allows `user` to do what `attributes`

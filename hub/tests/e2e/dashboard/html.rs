@@ -2,7 +2,7 @@
 //! spokes: the TrainJobs stay Pending, so filters and pages are stable):
 //! login, security headers, CSRF, a tenant refused another namespace
 //! without a trace of its data, filters and paging, escaping, the live
-//! table's events.
+//! table's events, and its stream counted under the caller's caps.
 
 use std::time::Duration;
 
@@ -19,6 +19,9 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
         "0",
         "--dashboard-trace-url",
         "https://jaeger.example/trace/{traceId}",
+        // One stream per user: the live table's is counted as a watch.
+        "--max-long-running-requests-per-user",
+        "1",
     ]);
     let http = Http::new(&hub);
 
@@ -362,6 +365,46 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     assert!(text.contains("event: row"), "{text}");
     assert!(text.contains("\"state\":\"Pending\""), "{text}");
     assert!(!text.contains("live-b"), "{text}");
+
+    // While it runs, it holds alice's one stream: a second is refused as
+    // the API refuses a watch over the cap; once closed, she may open one.
+    let second = http
+        .send(
+            "GET",
+            "/dashboard/trainjobs/live",
+            &[("cookie", &alice)],
+            "",
+        )
+        .await;
+    assert_eq!(second.status(), 429, "a second stream was let through");
+    assert_eq!(second.headers()["retry-after"], "1");
+    let page = second.into_body().collect().await.unwrap().to_bytes();
+    let page = String::from_utf8_lossy(&page);
+    assert!(
+        page.contains("watches and log streams open, the limit per user"),
+        "{page}"
+    );
+    drop(body);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let again = http
+            .send(
+                "GET",
+                "/dashboard/trainjobs/live",
+                &[("cookie", &alice)],
+                "",
+            )
+            .await;
+        if again.status() == 200 {
+            break;
+        }
+        assert_eq!(again.status(), 429);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed stream's place was not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // The overview counts alice's TrainJobs only.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
