@@ -545,7 +545,12 @@ impl Hub {
         // otherwise.
         if let Some(dir) = &self.config.plugins_dir
             && self.election.is_none()
-            && let Err(problem) = crate::plugins::objects::sync_dir(&self.server, dir).await
+            && let Err(problem) = crate::plugins::objects::sync_dir(
+                &self.server,
+                dir,
+                &mut crate::plugins::objects::Digests::default(),
+            )
+            .await
         {
             tracing::warn!(dir = %dir.display(), %problem, "plugins directory");
         }

@@ -28,9 +28,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::path::PathBuf;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -847,29 +848,23 @@ pub const LABEL_PLUGINS_DIR: &str = "trainhub.kubeflow.org/plugins-dir";
 /// The objects the plugins directory stands for: one per `NAME.wasm`,
 /// named `NAME` (lowercase, `_` as `-`), the module its `file://` path pinned by its digest, the
 /// settings and limits of its sidecar (`NAME.yaml`).
-pub fn dir_objects(dir: &std::path::Path) -> (Vec<Value>, Vec<String>) {
+pub fn dir_objects(dir: &std::path::Path, digests: &mut Digests) -> (Vec<Value>, Vec<String>) {
     let mut problems = Vec::new();
     let mut listed = Vec::new();
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mut unlisted = Vec::new();
-    for wasm in super::registry::list_components(&dir, &mut unlisted) {
+    let components = super::registry::list_components(&dir, &mut unlisted);
+    let seen = components.clone();
+    for wasm in components {
         // An object's name is a DNS subdomain: `acme_plugin.wasm` is `acme-plugin`.
         let name = wasm
             .file_stem()
             .map(|s| s.to_string_lossy().to_lowercase().replace('_', "-"))
             .unwrap_or_default();
-        let bytes = match std::fs::read(&wasm) {
-            Ok(b) if b.len() <= MAX_MODULE_BYTES => b,
-            Ok(b) => {
-                problems.push(format!(
-                    "{}: {} bytes, more than {MAX_MODULE_BYTES}",
-                    wasm.display(),
-                    b.len()
-                ));
-                continue;
-            }
+        let digest = match digests.of(&wasm) {
+            Ok(d) => d,
             Err(e) => {
-                problems.push(format!("{}: {e}", wasm.display()));
+                problems.push(e);
                 continue;
             }
         };
@@ -884,7 +879,7 @@ pub fn dir_objects(dir: &std::path::Path) -> (Vec<Value>, Vec<String>) {
             };
         let mut spec = json!({
             "module": format!("file://{}", wasm.display()),
-            "sha256": hex::encode(sha2::Sha256::digest(&bytes)),
+            "sha256": digest,
         });
         if let Some(settings) = sidecar.settings {
             spec["settings"] = settings;
@@ -909,12 +904,58 @@ pub fn dir_objects(dir: &std::path::Path) -> (Vec<Value>, Vec<String>) {
             "spec": spec,
         }));
     }
+    digests.keep(&seen);
     problems.extend(
         unlisted
             .into_iter()
             .map(|(p, e)| format!("{}: {e}", p.display())),
     );
     (listed, problems)
+}
+
+/// The sha256 of each module of the plugins directory, kept while its
+/// modification time and length stay as they were (as the registry tells a
+/// changed file): the directory is checked every few seconds, and a module
+/// of megabytes is read and hashed again only when it changed.
+#[derive(Debug, Default)]
+pub struct Digests(HashMap<PathBuf, ((SystemTime, u64), String)>);
+
+impl Digests {
+    /// The hex sha256 of `wasm`, or why it cannot be had.
+    fn of(&mut self, wasm: &Path) -> Result<String, String> {
+        let problem = |e: std::io::Error| format!("{}: {e}", wasm.display());
+        let meta = std::fs::metadata(wasm).map_err(problem)?;
+        let stamp = (meta.modified().map_err(problem)?, meta.len());
+        if let Some((known, digest)) = self.0.get(wasm)
+            && *known == stamp
+        {
+            return Ok(digest.clone());
+        }
+        let too_big = |len: u64| {
+            format!(
+                "{}: {len} bytes, more than {MAX_MODULE_BYTES}",
+                wasm.display()
+            )
+        };
+        if meta.len() > MAX_MODULE_BYTES as u64 {
+            return Err(too_big(meta.len()));
+        }
+        let mut bytes = Vec::new();
+        std::fs::File::open(wasm)
+            .and_then(|f| f.take(MAX_MODULE_BYTES as u64 + 1).read_to_end(&mut bytes))
+            .map_err(problem)?;
+        if bytes.len() > MAX_MODULE_BYTES {
+            return Err(too_big(bytes.len() as u64));
+        }
+        let digest = hex::encode(sha2::Sha256::digest(&bytes));
+        self.0.insert(wasm.to_path_buf(), (stamp, digest.clone()));
+        Ok(digest)
+    }
+
+    /// Forgets the files not among `seen`.
+    fn keep(&mut self, seen: &[PathBuf]) {
+        self.0.retain(|path, _| seen.contains(path));
+    }
 }
 
 /// Makes the objects of the plugins directory `dir` what it holds now.
@@ -925,8 +966,9 @@ pub fn dir_objects(dir: &std::path::Path) -> (Vec<Value>, Vec<String>) {
 pub async fn sync_dir(
     server: &Arc<trainhub_apiserver::server::Server>,
     dir: &std::path::Path,
+    digests: &mut Digests,
 ) -> Result<(), String> {
-    let (objects, mut problems) = dir_objects(dir);
+    let (objects, mut problems) = dir_objects(dir, digests);
     if let Err(e) = put_hub_objects(server, LABEL_PLUGINS_DIR, objects).await {
         problems.push(e);
     }
@@ -947,8 +989,9 @@ pub async fn run_dir(
 ) {
     tokio::pin!(stop);
     let mut last_problem = None;
+    let mut digests = Digests::default();
     loop {
-        let result = sync_dir(&server, &dir).await.err();
+        let result = sync_dir(&server, &dir, &mut digests).await.err();
         if result != last_problem {
             if let Some(problem) = &result {
                 tracing::warn!(dir = %dir.display(), %problem, "plugins directory");
@@ -1020,6 +1063,46 @@ impl trainhub_apiserver::admission::Admission for PluginAdmission {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_is_read_and_hashed_again_only_when_its_time_or_length_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = dir.path().join("p.wasm");
+        let sha = |b: &[u8]| hex::encode(sha2::Sha256::digest(b));
+        std::fs::write(&wasm, b"aaaa").unwrap();
+        let mut digests = Digests::default();
+        assert_eq!(digests.of(&wasm).unwrap(), sha(b"aaaa"));
+        // The same length and time: the digest known, the file not read.
+        let time = std::fs::metadata(&wasm).unwrap().modified().unwrap();
+        let set_time = |t: SystemTime| {
+            std::fs::File::options()
+                .write(true)
+                .open(&wasm)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        };
+        std::fs::write(&wasm, b"bbbb").unwrap();
+        set_time(time);
+        assert_eq!(digests.of(&wasm).unwrap(), sha(b"aaaa"));
+        // Another time, or another length: read again.
+        set_time(time + Duration::from_secs(1));
+        assert_eq!(digests.of(&wasm).unwrap(), sha(b"bbbb"));
+        std::fs::write(&wasm, b"ccccc").unwrap();
+        set_time(time + Duration::from_secs(1));
+        assert_eq!(digests.of(&wasm).unwrap(), sha(b"ccccc"));
+        // A module over the limit is refused by its length, unread.
+        let big = dir.path().join("big.wasm");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(MAX_MODULE_BYTES as u64 + 1)
+            .unwrap();
+        let e = digests.of(&big).unwrap_err();
+        assert!(e.contains(&format!("more than {MAX_MODULE_BYTES}")), "{e}");
+        // A file gone from the directory is forgotten.
+        digests.keep(std::slice::from_ref(&wasm));
+        assert_eq!(digests.0.len(), 1);
+    }
 
     fn spec(value: Value) -> Spec {
         serde_json::from_value(value).unwrap()
