@@ -301,8 +301,7 @@ struct PostedMetric {
 }
 
 /// POSTs to a TrainJob's `/status`: the `trainerStatus` it carries
-/// replaces the stored one.
-/// Takes posted trainer statuses, at most one per TrainJob per interval.
+/// replaces the stored one, at most once per interval per TrainJob.
 pub struct StatusPosts {
     interval: Duration,
     /// When each TrainJob (by uid) last had a post taken.

@@ -276,7 +276,7 @@ impl Dashboard {
             .authenticate(&headers, &extensions)
             .map_err(|_| unauthenticated())?;
         // A page load counts against the caller's in-flight caps as an API
-        // request does; a stream of updates or of logs as a watch does.
+        // request does; the live table's stream as a watch does.
         let slot = server
             .admit(&user, is_stream(parts))
             .map_err(|e| too_many(&e))?;
