@@ -324,14 +324,9 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
 
     // The live table: alice gets a row event for a new TrainJob of
     // team-a, none for team-b's.
-    let response = http
-        .send(
-            "GET",
-            "/dashboard/trainjobs/live",
-            &[("cookie", &alice)],
-            "",
-        )
-        .await;
+    let cookie = [("cookie", alice.as_str())];
+    let live = || http.send("GET", "/dashboard/trainjobs/live", &cookie, "");
+    let response = live().await;
     assert_eq!(response.status(), 200);
     assert_eq!(
         response.headers()["content-type"].to_str().unwrap(),
@@ -368,14 +363,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
 
     // While it runs, it holds alice's one stream: a second is refused as
     // the API refuses a watch over the cap; once closed, she may open one.
-    let second = http
-        .send(
-            "GET",
-            "/dashboard/trainjobs/live",
-            &[("cookie", &alice)],
-            "",
-        )
-        .await;
+    let second = live().await;
     assert_eq!(second.status(), 429, "a second stream was let through");
     assert_eq!(second.headers()["retry-after"], "1");
     let page = second.into_body().collect().await.unwrap().to_bytes();
@@ -387,14 +375,7 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
     drop(body);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let again = http
-            .send(
-                "GET",
-                "/dashboard/trainjobs/live",
-                &[("cookie", &alice)],
-                "",
-            )
-            .await;
+        let again = live().await;
         if again.status() == 200 {
             break;
         }
