@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use trainhub_apiserver::store::{
-    CommitFuture, Key, Object, Op, RawListFuture, Rv, Store, StoreError, Term, Watch,
+    CommitFuture, Key, Object, Op, RawListFuture, ReturningFuture, Rv, Store, StoreError, Term,
+    Watch,
 };
 
 /// A replica's address book entry, the value it campaigns with: who it is
@@ -476,21 +477,31 @@ impl Store for TermStore {
     }
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        let commit = self.commit_or_return(ops);
+        Box::pin(async move { commit.await.map_err(|(e, _)| e) })
+    }
+
+    /// Tries again with the operations the store hands back, not a copy
+    /// kept of them (a leader's writes carry whole objects).
+    fn commit_or_return(&self, ops: Vec<Op>) -> ReturningFuture<'_> {
         Box::pin(async move {
             let started = Instant::now();
             let mut wait = Duration::from_millis(100);
+            let mut ops = ops;
             let result = loop {
-                let result = self.inner.commit(ops.clone()).await;
-                match &result {
-                    Err(StoreError::Storage(e)) if started.elapsed() < TRANSIENT_RETRY => {
+                match self.inner.commit_or_return(ops).await {
+                    Err((StoreError::Storage(e), back))
+                        if started.elapsed() < TRANSIENT_RETRY && !back.is_empty() =>
+                    {
                         tracing::debug!(error = %e, "a term's write failed; trying again");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(Duration::from_secs(1));
+                        ops = back;
                     }
-                    _ => break result,
+                    result => break result,
                 }
             };
-            if let Err(StoreError::Fenced(rev)) = &result {
+            if let Err((StoreError::Fenced(rev), _)) = &result {
                 crate::metrics::hub().fenced_writes.inc();
                 if !self.logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(key = %self.term.key, revision = rev, "a write of an ended leadership term was refused (StoreError::Fenced): another replica leads");
