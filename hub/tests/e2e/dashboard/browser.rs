@@ -134,10 +134,14 @@ async fn text(client: &Client, css: &str) -> Option<String> {
 /// Logs in through the form; the user's name once the overview shows it.
 async fn log_in(hub: &DevHub, client: &Client, base: &str, token: &str) -> String {
     client.goto(&format!("{base}/dashboard/")).await.unwrap();
-    let field = client
-        .find(Locator::Css("#token"))
-        .await
-        .expect("the login form");
+    let field = until(
+        "the login form",
+        hub,
+        client,
+        Duration::from_secs(30),
+        || async { client.find(Locator::Css("#token")).await.ok() },
+    )
+    .await;
     field.send_keys(token).await.unwrap();
     click(client, "section.login button[type=submit]").await;
     until(
@@ -410,6 +414,16 @@ async fn a_browser_logs_in_watches_filters_follows_suspends_and_is_refused() {
 
     // A tenant: log out, log in as alice, refused the default namespace.
     click(&client, "form.logout button").await;
+    // The click returns before the logout's answer (which clears the
+    // cookie) has come: going elsewhere now would race it.
+    until(
+        "the login form after logging out",
+        &hub,
+        &client,
+        long,
+        || async { client.find(Locator::Css("#token")).await.ok().map(|_| ()) },
+    )
+    .await;
     assert_eq!(log_in(&hub, &client, &base, ALICE).await, "alice");
     client
         .goto(&format!("{base}/dashboard/trainjobs?namespace=default"))
