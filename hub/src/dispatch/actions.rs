@@ -149,7 +149,7 @@ impl Dispatch {
     ///
     /// [`FINALIZER`]: super::FINALIZER
     fn release(&self, job: JobKey, uid: String) {
-        tracing::info!(trainjob = %job, "TrainJob released: the hub's finalizer goes (its run finished, or was stopped or given up)");
+        tracing::debug!(trainjob = %job, "releasing the TrainJob (the writer says when it is done)");
         let _ = self.writer.send(Write {
             edit: Some((
                 Key::new(TRAINJOBS, Some(&job.namespace), &job.name),

@@ -115,14 +115,21 @@ pub(super) fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
 /// dispatch would otherwise write next (see `core::jobs`), one TrainJob
 /// write fewer per run. A TrainJob being deleted is left to dispatch,
 /// which stops its run first.
-fn release_if_finished(object: &mut Value) {
+/// Whether it did.
+fn release_if_finished(object: &mut Value) -> bool {
     if !is_finished(&object["status"]) || !object["metadata"]["deletionTimestamp"].is_null() {
-        return;
+        return false;
     }
     let Some(uid) = object["metadata"]["uid"].as_str().map(String::from) else {
-        return;
+        return false;
     };
-    apply_edit(object, &Edit::Release { uid });
+    apply_edit(object, &Edit::Release { uid }) != Edited::Unchanged
+}
+
+/// Says that the TrainJob at `key` was released, once the commit that
+/// removed the hub's finalizer has landed.
+fn log_released(key: &Key) {
+    tracing::info!(trainjob = %key, "TrainJob released: the hub's finalizer is gone (its run finished, or was stopped or given up)");
 }
 
 /// The key a write reads and updates (its status merge's, else its
@@ -243,6 +250,8 @@ async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
     // (key, resourceVersion read, object with the merges and edits, what
     // they did)
     let mut merged: Vec<(Key, Rv, Value, Edited)> = Vec::new();
+    // The TrainJobs whose finalizer the commit removes.
+    let mut released: Vec<Key> = Vec::new();
     for w in &batch {
         let Some(key) = target(w) else { continue };
         let at = match merged.iter().position(|(k, ..)| k == key) {
@@ -266,13 +275,20 @@ async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
             value["status"] = status;
             if changed {
                 *outcome = Edited::Changed;
-                release_if_finished(value);
+                if release_if_finished(value) {
+                    released.push(key.clone());
+                }
             }
         }
         if let Some((_, edit)) = &w.edit {
             match apply_edit(value, edit) {
                 Edited::Unchanged => {}
-                done => *outcome = done,
+                done => {
+                    if matches!(edit, Edit::Release { .. }) {
+                        released.push(key.clone());
+                    }
+                    *outcome = done;
+                }
             }
         }
     }
@@ -297,6 +313,7 @@ async fn commit(store: &dyn Store, mut batch: Vec<Write>) {
     };
     let back = match returned {
         Ok(_) => {
+            released.iter().for_each(log_released);
             for w in batch {
                 if let Some(done) = w.done {
                     done(true);
@@ -364,8 +381,14 @@ async fn commit_edited(store: &dyn Store, mut ops: Vec<Op>, key: &Key, edit: &Ed
         if ops.is_empty() {
             return true;
         }
+        let edited = ops.len() > own;
         match store.commit_or_return(ops).await {
-            Ok(_) => return true,
+            Ok(_) => {
+                if edited && matches!(edit, Edit::Release { .. }) {
+                    log_released(key);
+                }
+                return true;
+            }
             Err((StoreError::Conflict { .. } | StoreError::NotFound(_), mut back))
                 if back.len() >= own =>
             {
