@@ -50,7 +50,7 @@ async fn act(
         Ok(f) => f,
         Err(r) => return r,
     };
-    let session = match d.action_session(&parts, &form) {
+    let mut session = match d.action_session(&parts, &form) {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -61,7 +61,7 @@ async fn act(
     // A merge patch names no resourceVersion: the API applies it again
     // itself when another write (a heartbeat, a status update) lands
     // between its read and its commit.
-    let response = d.api(&session, method, &path, content_type, body).await;
+    let response = d.api(&mut session, method, &path, content_type, body).await;
     if response.status().is_success() {
         // 303 See Other: the browser GETs the page after the POST.
         Redirect::to(&then).into_response()

@@ -510,7 +510,7 @@ pub(crate) async fn logs(
     Path((namespace, name, pod)): Path<(String, String, String)>,
     request: Request,
 ) -> Response {
-    let (session, parts) = match d.page_session(request) {
+    let (mut session, parts) = match d.page_session(request) {
         Ok(s) => s,
         Err(r) => return r,
     };
@@ -552,7 +552,9 @@ pub(crate) async fn logs(
     if follow {
         path.push_str("&follow=true");
     }
-    let response = d.api(&session, Method::GET, &path, None, Vec::new()).await;
+    let response = d
+        .api(&mut session, Method::GET, &path, None, Vec::new())
+        .await;
     let status = response.status();
     let body = response.into_body();
     let lines: std::pin::Pin<Box<dyn Stream<Item = Result<Event, Infallible>> + Send>> =

@@ -348,10 +348,11 @@ impl Dashboard {
 
     /// An API request made in-process as `session`'s caller, through the
     /// API's own router (authentication, limits, authorization,
-    /// admission): the API's answer.
+    /// admission): the API's answer. The page's place under the caller's
+    /// in-flight caps goes to the API request, which takes its own.
     pub(crate) async fn api(
         &self,
-        session: &Session,
+        session: &mut Session,
         method: Method,
         path: &str,
         content_type: Option<&'static str>,
@@ -364,6 +365,7 @@ impl Dashboard {
                 "The hub is starting.",
             );
         };
+        drop(session.take_slot());
         let mut request = Request::new(Body::from(body));
         *request.method_mut() = method;
         match path.parse() {

@@ -22,6 +22,10 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
         // One stream per user: the live table's is counted as a watch.
         "--max-long-running-requests-per-user",
         "1",
+        // One request at a time per user: an action's page hands its place
+        // to the API request it makes (else every action would be 429).
+        "--max-requests-inflight-per-user",
+        "1",
     ]);
     let http = Http::new(&hub);
 
