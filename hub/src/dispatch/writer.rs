@@ -114,8 +114,7 @@ pub(super) fn apply_edit(object: &mut Value, edit: &Edit) -> Edited {
 /// its run ended (Complete or Failed), in the same update: the release
 /// dispatch would otherwise write next (see `core::jobs`), one TrainJob
 /// write fewer per run. A TrainJob being deleted is left to dispatch,
-/// which stops its run first.
-/// Whether it did.
+/// which stops its run first. Whether it removed the finalizer.
 fn release_if_finished(object: &mut Value) -> bool {
     if !is_finished(&object["status"]) || !object["metadata"]["deletionTimestamp"].is_null() {
         return false;

@@ -848,7 +848,7 @@ pub const LABEL_PLUGINS_DIR: &str = "trainhub.kubeflow.org/plugins-dir";
 /// The objects the plugins directory stands for: one per `NAME.wasm`,
 /// named `NAME` (lowercase, `_` as `-`), the module its `file://` path pinned by its digest, the
 /// settings and limits of its sidecar (`NAME.yaml`).
-pub fn dir_objects(dir: &std::path::Path, digests: &mut Digests) -> (Vec<Value>, Vec<String>) {
+pub fn dir_objects(dir: &Path, digests: &mut Digests) -> (Vec<Value>, Vec<String>) {
     let mut problems = Vec::new();
     let mut listed = Vec::new();
     let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf());
@@ -924,8 +924,7 @@ impl Digests {
     /// The hex sha256 of `wasm`, or why it cannot be had.
     fn of(&mut self, wasm: &Path) -> Result<String, String> {
         let problem = |e: std::io::Error| format!("{}: {e}", wasm.display());
-        let meta = std::fs::metadata(wasm).map_err(problem)?;
-        let stamp = (meta.modified().map_err(problem)?, meta.len());
+        let stamp = super::registry::stat(wasm).map_err(problem)?;
         if let Some((known, digest)) = self.0.get(wasm)
             && *known == stamp
         {
@@ -937,8 +936,8 @@ impl Digests {
                 wasm.display()
             )
         };
-        if meta.len() > MAX_MODULE_BYTES as u64 {
-            return Err(too_big(meta.len()));
+        if stamp.1 > MAX_MODULE_BYTES as u64 {
+            return Err(too_big(stamp.1));
         }
         let mut bytes = Vec::new();
         std::fs::File::open(wasm)

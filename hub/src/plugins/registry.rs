@@ -404,7 +404,8 @@ pub(crate) fn list_components(dir: &Path, problems: &mut Vec<(PathBuf, String)>)
     wasm
 }
 
-fn stat(path: &Path) -> std::io::Result<(SystemTime, u64)> {
+/// A file's modification time and length: what tells a changed file.
+pub(crate) fn stat(path: &Path) -> std::io::Result<(SystemTime, u64)> {
     let meta = std::fs::metadata(path)?;
     Ok((meta.modified()?, meta.len()))
 }
