@@ -782,6 +782,11 @@ impl Terms {
                         .with_store(store.clone())
                         .run_namespace_controller(wait(end_rx.clone())),
                 ),
+                tokio::spawn(
+                    self.server
+                        .with_store(store.clone())
+                        .run_quota_controller(wait(end_rx.clone())),
+                ),
                 tokio::spawn(dispatch.clone().run(wait(end_rx.clone()))),
             ];
             if !self.event_ttl.is_zero() {

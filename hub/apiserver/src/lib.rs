@@ -13,6 +13,7 @@
 //!   subresources, printer columns, schema);
 //! - [`names`] and [`namespace`]: names validated as Kubernetes does, and
 //!   the `Namespace` kind;
+//! - [`quota`]: the `ResourceQuota` kind, object counts per namespace;
 //! - [`admission`]: the seam for defaulting and validation;
 //! - [`review`]: the self reviews (`kubectl auth can-i`, `whoami`);
 //! - [`auth`]: who is calling (tokens file, client certificates) and what
@@ -35,6 +36,7 @@ pub mod namespace;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod quota;
 pub mod recent;
 pub mod reload;
 pub mod resource;

@@ -36,6 +36,7 @@ pub fn resource_def() -> ResourceDef {
         json_path: json_path.into(),
         description: description.into(),
         priority: 0,
+        render: None,
     };
     ResourceDef {
         group: String::new(),

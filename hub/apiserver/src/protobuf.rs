@@ -1,7 +1,8 @@
 //! The few request bodies kubectl sends only as Kubernetes protobuf
 //! (`application/vnd.kubernetes.protobuf`): its typed clients write
-//! `Namespace` (`kubectl create namespace`) and the self reviews (`kubectl
-//! auth can-i`, `kubectl auth whoami`) that way, whatever the server
+//! `Namespace` (`kubectl create namespace`), `ResourceQuota` (`kubectl
+//! create quota`) and the self reviews (`kubectl auth can-i`, `kubectl auth
+//! whoami`) that way, whatever the server
 //! prefers. They are decoded into the JSON the rest of the server handles;
 //! every other kind is 415, and answers are always JSON (kubectl accepts
 //! it).
@@ -180,6 +181,43 @@ fn object(api_version: &str, kind: &str, raw: &[u8]) -> Option<Value> {
         "SelfSubjectRulesReview" => {
             object["spec"] = Value::Object(strings(spec, &["namespace"])?);
         }
+        "ResourceQuota" => {
+            // hard = 1 (map to Quantity, whose string is 1), scopes = 2,
+            // scopeSelector = 3 (kept only as present: the hub refuses it).
+            let (mut hard, mut scopes, mut selector) = (Map::new(), Vec::new(), false);
+            for (number, field) in fields(spec)? {
+                let Field::Bytes(b) = field else { continue };
+                match number {
+                    1 => {
+                        let (mut name, mut quantity) = (String::new(), String::new());
+                        for (n, f) in fields(b)? {
+                            match (n, f) {
+                                (1, Field::Bytes(k)) => name = text(k)?,
+                                (2, Field::Bytes(q)) => {
+                                    quantity = message(q, 1)?.map_or(Some(String::new()), text)?;
+                                }
+                                _ => {}
+                            }
+                        }
+                        hard.insert(name, quantity.into());
+                    }
+                    2 => scopes.push(Value::String(text(b)?)),
+                    3 => selector = true,
+                    _ => {}
+                }
+            }
+            let mut out = Map::new();
+            if !hard.is_empty() {
+                out.insert("hard".into(), hard.into());
+            }
+            if !scopes.is_empty() {
+                out.insert("scopes".into(), scopes.into());
+            }
+            if selector {
+                out.insert("scopeSelector".into(), json!({}));
+            }
+            object["spec"] = Value::Object(out);
+        }
         "SelfSubjectReview" => {}
         _ => return None,
     }
@@ -210,7 +248,11 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let kind = tm.get("kind").and_then(Value::as_str).unwrap_or_default();
     if !matches!(
         kind,
-        "Namespace" | "SelfSubjectAccessReview" | "SelfSubjectRulesReview" | "SelfSubjectReview"
+        "Namespace"
+            | "ResourceQuota"
+            | "SelfSubjectAccessReview"
+            | "SelfSubjectRulesReview"
+            | "SelfSubjectReview"
     ) {
         return Err(ApiError::unsupported_media_type(&format!(
             "{MEDIA_TYPE} ({api_version} {kind}: send it as application/json)"
@@ -222,6 +264,18 @@ pub fn decode(body: &[u8]) -> Result<Value, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `k8s\0` envelope of a type meta `tm` and an object `raw`.
+    fn envelope(tm: &[u8], raw: &[u8]) -> Vec<u8> {
+        [
+            &b"k8s\x00"[..],
+            &[0x0a, tm.len() as u8],
+            tm,
+            &[0x12, raw.len() as u8],
+            raw,
+        ]
+        .concat()
+    }
 
     #[test]
     fn decodes_what_kubectl_sends() {
@@ -246,15 +300,7 @@ mod tests {
         let spec = [&[0x0a, r.len() as u8][..], &r].concat();
         let raw = [&[0x12, spec.len() as u8][..], &spec].concat();
         let tm = b"\n\x17authorization.k8s.io/v1\x12\x17SelfSubjectAccessReview";
-        let body = [
-            &b"k8s\x00"[..],
-            &[0x0a, tm.len() as u8],
-            tm,
-            &[0x12, raw.len() as u8],
-            &raw,
-        ]
-        .concat();
-        let v = decode(&body).unwrap();
+        let v = decode(&envelope(tm, &raw)).unwrap();
         assert_eq!(
             v["spec"]["resourceAttributes"],
             json!({"namespace": "team-b", "verb": "create", "group": "trainer.kubeflow.org", "resource": "trainjobs"})
@@ -262,6 +308,39 @@ mod tests {
         assert_eq!(
             decode(b"k8s\x00\n\x07\n\x02v1\x12\x01X").unwrap_err().code,
             415
+        );
+        // `kubectl create quota q --hard=count/trainjobs.trainer.kubeflow.org=2,x=1k`.
+        let entry = |name: &str, quantity: &str| {
+            let q = [&[0x0a, quantity.len() as u8][..], quantity.as_bytes()].concat();
+            let e = [
+                &[0x0a, name.len() as u8][..],
+                name.as_bytes(),
+                &[0x12, q.len() as u8],
+                &q,
+            ]
+            .concat();
+            [&[0x0a, e.len() as u8][..], &e].concat()
+        };
+        let spec = [
+            entry("count/trainjobs.trainer.kubeflow.org", "2"),
+            entry("x", "1k"),
+            b"\x12\x0aBestEffort".to_vec(),
+        ]
+        .concat();
+        let raw = [
+            &b"\x0a\x03\x0a\x01q"[..],
+            &[0x12, spec.len() as u8],
+            &spec,
+            b"\x1a\x00",
+        ]
+        .concat();
+        let tm = b"\n\x02v1\x12\x0dResourceQuota";
+        assert_eq!(
+            decode(&envelope(tm, &raw)).unwrap(),
+            json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"}, "spec": {
+                "hard": {"count/trainjobs.trainer.kubeflow.org": "2", "x": "1k"},
+                "scopes": ["BestEffort"],
+            }})
         );
         assert_eq!(decode(b"nope").unwrap_err().code, 400);
         assert_eq!(decode(b"k8s\x00\n\xff").unwrap_err().code, 400);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 /// A column of `kubectl get` output (a CRD's `additionalPrinterColumns`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PrinterColumn {
     pub name: String,
     /// `string`, `integer`, `number`, `boolean` or `date`.
@@ -17,6 +17,10 @@ pub struct PrinterColumn {
     pub json_path: String,
     pub description: String,
     pub priority: i32,
+    /// The cell made from the whole object instead of `json_path`, for a
+    /// built-in kind whose kube-apiserver printer is code (a quota's
+    /// `used/hard` per resource).
+    pub render: Option<fn(&Value) -> Value>,
 }
 
 /// Converts the objects of one resource between the versions it is served

@@ -88,29 +88,31 @@ fn columns(def: &ResourceDef) -> Vec<Value> {
     cols
 }
 
-fn column_specs(def: &ResourceDef) -> Vec<(String, String)> {
+/// How each column's cell is made: its type and JSONPath, or its renderer.
+type ColumnSpec = (String, String, Option<fn(&Value) -> Value>);
+
+fn column_specs(def: &ResourceDef) -> Vec<ColumnSpec> {
     if def.printer_columns.is_empty() {
-        return vec![("date".into(), ".metadata.creationTimestamp".into())];
+        return vec![("date".into(), ".metadata.creationTimestamp".into(), None)];
     }
     def.printer_columns
         .iter()
-        .map(|c| (c.type_.clone(), c.json_path.clone()))
+        .map(|c| (c.type_.clone(), c.json_path.clone(), c.render))
         .collect()
 }
 
-fn row(
-    object: &Value,
-    specs: &[(String, String)],
-    include: IncludeObject,
-    now: Timestamp,
-) -> Value {
+fn row(object: &Value, specs: &[ColumnSpec], include: IncludeObject, now: Timestamp) -> Value {
     let mut cells = vec![
         object
             .pointer("/metadata/name")
             .cloned()
             .unwrap_or(Value::String(String::new())),
     ];
-    for (type_, path) in specs {
+    for (type_, path, render) in specs {
+        if let Some(render) = render {
+            cells.push(render(object));
+            continue;
+        }
         let found = jsonpath(object, path);
         cells.push(match found.first() {
             None => Value::Null,
@@ -480,6 +482,7 @@ mod tests {
             json_path: path.into(),
             description: String::new(),
             priority: 0,
+            render: None,
         }
     }
 

@@ -508,6 +508,7 @@ async fn a_body_nested_past_the_limit_is_422_naming_the_path() {
 
 use trainhub_apiserver::auth::{Authenticator, Policy, PolicyAuthorizer, TokenFile};
 use trainhub_apiserver::namespace;
+use trainhub_apiserver::quota;
 use trainhub_apiserver::review;
 use trainhub_apiserver::store::{Key, Op, Store};
 
@@ -537,6 +538,7 @@ fn hub() -> Hub {
     let mut builder = Server::builder(store.clone())
         .resource(widgets())
         .resource(namespace::resource_def())
+        .resource(quota::resource_def())
         .authenticator(Arc::new(Authenticator::new(Some(tokens), false)))
         .authorizer(Arc::new(PolicyAuthorizer::new(policy)))
         .namespace_lifecycle(true);
@@ -1246,4 +1248,248 @@ async fn a_patch_beaten_by_another_write_is_applied_again_unless_preconditioned(
     set(0);
     let (_, current) = api.json("GET", &format!("{BASE}/w"), None).await;
     assert_eq!(current["spec"]["size"], 7, "{current}");
+}
+
+const WIDGET_COUNT: &str = "count/widgets.example.com";
+
+fn quota_of(hard: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "objects"}, "spec": {"hard": hard}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quota_bounds_a_namespaces_objects_even_under_concurrent_creates() {
+    let hub = hub();
+    let controller = tokio::spawn(
+        hub.server
+            .clone()
+            .run_quota_controller(std::future::pending()),
+    );
+    assert_eq!(hub.create_namespace("team-a").await.0, StatusCode::CREATED);
+    let quotas = "/api/v1/namespaces/team-a/resourcequotas";
+    // Before any quota, creates are free.
+    let (code, body) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &widgets_in("team-a"),
+            Some(widget("before", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+
+    // What a quota may count, refused by field and rule; and only admins
+    // may set one.
+    let (code, status) = hub
+        .json(
+            ADMIN,
+            "POST",
+            quotas,
+            Some(quota_of(
+                json!({"requests.cpu": "4", WIDGET_COUNT: "-1", "count/pods": "2"}),
+            )),
+        )
+        .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+    let causes: Vec<String> = status["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c["field"].as_str().unwrap(),
+                c["message"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(causes.len(), 3, "{causes:#?}");
+    assert!(causes.contains(&format!("spec.hard[{WIDGET_COUNT}]: Invalid value: \"-1\": must be a whole, non-negative number of objects, such as 10 or 1k")), "{causes:#?}");
+    assert!(
+        causes.iter().any(|c| c.starts_with(
+            "spec.hard: Invalid value: \"requests.cpu\": the hub's quotas count objects"
+        )),
+        "{causes:#?}"
+    );
+    let (code, _) = hub
+        .json(
+            ALICE,
+            "POST",
+            quotas,
+            Some(quota_of(json!({WIDGET_COUNT: "1000"}))),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+
+    // Five widgets in all: one exists, the controller counts it.
+    let (code, body) = hub
+        .json(
+            ADMIN,
+            "POST",
+            quotas,
+            Some(quota_of(json!({WIDGET_COUNT: 5}))),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        body["spec"]["hard"][WIDGET_COUNT], "5",
+        "a number is stored as a quantity"
+    );
+    eventually("the quota counted", async || {
+        let (_, q) = hub
+            .json(ALICE, "GET", &format!("{quotas}/objects"), None)
+            .await;
+        q["status"] == json!({"hard": {WIDGET_COUNT: "5"}, "used": {WIDGET_COUNT: "1"}})
+    })
+    .await;
+
+    // Sixteen creates at once on four threads, through two servers over
+    // the one store (replicas, which do not take turns with each other):
+    // exactly four more fit.
+    let replica = Server::builder(hub.store.clone())
+        .resource(widgets())
+        .resource(namespace::resource_def())
+        .resource(quota::resource_def())
+        .namespace_lifecycle(true)
+        .build()
+        .router();
+    let mut creates = Vec::new();
+    for i in 0..16 {
+        let router = if i % 2 == 0 {
+            hub.router.clone()
+        } else {
+            replica.clone()
+        };
+        creates.push(tokio::spawn(async move {
+            let req = Request::builder()
+                .method("POST")
+                .uri(widgets_in("team-a"))
+                .header("content-type", "application/json")
+                .header("authorization", format!("Bearer {ADMIN}"))
+                .body(Body::from(widget(&format!("w{i}"), 1).to_string()))
+                .unwrap();
+            let resp = router.oneshot(req).await.unwrap();
+            let code = resp.status();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            (
+                code,
+                serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null),
+            )
+        }));
+    }
+    let mut created = 0;
+    for create in creates {
+        let (code, body) = create.await.unwrap();
+        match code {
+            StatusCode::CREATED => created += 1,
+            StatusCode::FORBIDDEN => assert!(
+                body["message"].as_str().unwrap().contains(&format!(
+                    "is forbidden: exceeded quota: objects, requested: {WIDGET_COUNT}=1, used: {WIDGET_COUNT}=5, limited: {WIDGET_COUNT}=5"
+                )),
+                "{body}"
+            ),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(created, 4);
+    let (_, list) = hub.json(ADMIN, "GET", &widgets_in("team-a"), None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 5);
+    // A dry run is checked too.
+    let (code, _) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &format!("{}?dryRun=All", widgets_in("team-a")),
+            Some(widget("dry", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    // Another namespace is not this quota's business.
+    assert_eq!(hub.create_namespace("team-b").await.0, StatusCode::CREATED);
+    let (code, _) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &widgets_in("team-b"),
+            Some(widget("elsewhere", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED);
+
+    // A deletion is counted back, and makes room for one more.
+    let (code, _) = hub
+        .json(
+            ADMIN,
+            "DELETE",
+            &format!("{}/before", widgets_in("team-a")),
+            None,
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    eventually("the deletion counted", async || {
+        let (_, q) = hub
+            .json(ALICE, "GET", &format!("{quotas}/objects"), None)
+            .await;
+        q["status"]["used"][WIDGET_COUNT] == "4"
+    })
+    .await;
+    let (code, body) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &widgets_in("team-a"),
+            Some(widget("after", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED, "{body}");
+
+    // A lowered limit holds at once for creates; what exists stays.
+    let (code, body) = hub
+        .call(
+            ADMIN,
+            "PATCH",
+            &format!("{quotas}/objects"),
+            "application/merge-patch+json",
+            Some(json!({"spec": {"hard": {WIDGET_COUNT: "2"}}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let (code, _) = hub
+        .json(
+            ADMIN,
+            "POST",
+            &widgets_in("team-a"),
+            Some(widget("lowered", 1)),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    eventually("the new limit counted", async || {
+        let (_, q) = hub
+            .json(ALICE, "GET", &format!("{quotas}/objects"), None)
+            .await;
+        q["status"] == json!({"hard": {WIDGET_COUNT: "2"}, "used": {WIDGET_COUNT: "5"}})
+    })
+    .await;
+    let (_, list) = hub.json(ADMIN, "GET", &widgets_in("team-a"), None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 5);
+
+    // kubectl's columns: NAME AGE REQUEST LIMIT.
+    let req = Request::builder()
+        .uri(quotas)
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .header("authorization", format!("Bearer {ALICE}"))
+        .body(Body::empty())
+        .unwrap();
+    let resp = hub.router.clone().oneshot(req).await.unwrap();
+    let table: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    let names: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Name", "Age", "Request", "Limit"]);
+    assert_eq!(table["rows"][0]["cells"][2], format!("{WIDGET_COUNT}: 5/2"));
+    assert_eq!(table["rows"][0]["cells"][3], "");
+    controller.abort();
 }

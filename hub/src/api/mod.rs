@@ -63,6 +63,7 @@ pub fn resources() -> Result<Vec<ResourceDef>> {
     }
     defs.extend(core_resources());
     defs.push(trainhub_apiserver::namespace::resource_def());
+    defs.push(trainhub_apiserver::quota::resource_def());
     defs.extend(trainhub_apiserver::review::resource_defs());
     Ok(defs)
 }
@@ -93,6 +94,7 @@ fn spoke_column() -> PrinterColumn {
         ),
         description: "The spoke the TrainJob is placed on.".into(),
         priority: 0,
+        render: None,
     }
 }
 
@@ -107,6 +109,7 @@ fn progress_columns() -> [PrinterColumn; 2] {
             json_path: ".status.trainerStatus.progressPercentage".into(),
             description: "Training progress in percent, as the trainer last reported it.".into(),
             priority: 0,
+            render: None,
         },
         PrinterColumn {
             name: "ETA".into(),
@@ -115,6 +118,7 @@ fn progress_columns() -> [PrinterColumn; 2] {
             description:
                 "Estimated training time left in seconds, as the trainer last reported it.".into(),
             priority: 0,
+            render: None,
         },
     ]
 }
@@ -240,6 +244,7 @@ fn printer_columns(version: &Value) -> Vec<PrinterColumn> {
                     json_path: c["jsonPath"].as_str().unwrap_or_default().to_string(),
                     description: c["description"].as_str().unwrap_or_default().to_string(),
                     priority: c["priority"].as_i64().unwrap_or(0) as i32,
+                    render: None,
                 })
                 .collect()
         })
@@ -268,6 +273,7 @@ fn core_resources() -> Vec<ResourceDef> {
         json_path: json_path.into(),
         description: String::new(),
         priority: 0,
+        render: None,
     };
     let mut pods = core("Pod", "pods", &["po"]);
     pods.log_subresource = true;

@@ -123,6 +123,7 @@ fn column(name: &str, type_: &str, json_path: &str, priority: i32) -> PrinterCol
         json_path: json_path.into(),
         description: String::new(),
         priority,
+        render: None,
     }
 }
 

@@ -25,6 +25,8 @@
 //!   (`trainer.kubeflow.org`), and read `trainjobs/status`;
 //! - get, list and watch `pods` and `events` (core and `events.k8s.io`), and
 //!   get `pods/log`;
+//! - get, list and watch `resourcequotas` (and get their `status`): the
+//!   object counts an admin set for the namespace, and what is used;
 //! - get, list and watch Kueue's `localqueues` and `workloads`
 //!   (`kueue.x-k8s.io`), and get their `status`: an admin creates the
 //!   LocalQueues that point a namespace at a ClusterQueue, and the hub
@@ -261,6 +263,10 @@ fn rule_of(group: &str, resource: &str) -> Option<Rule> {
             verbs: &READ_VERBS,
             get_subresources: &["log"],
         }),
+        ("", "resourcequotas") => Some(Rule::Namespaced {
+            verbs: &READ_VERBS,
+            get_subresources: &["status"],
+        }),
         ("", "events") | ("events.k8s.io", "events") => Some(Rule::Namespaced {
             verbs: &READ_VERBS,
             get_subresources: &[],
@@ -283,10 +289,11 @@ fn rule_of(group: &str, resource: &str) -> Option<Rule> {
 }
 
 /// Every (group, resource) with a non-admin rule, for listing rules.
-const RULED: [(&str, &str); 16] = [
+const RULED: [(&str, &str); 17] = [
     (TRAINER_GROUP, "trainjobs"),
     (TRAINER_GROUP, "trainingruntimes"),
     ("", "pods"),
+    ("", "resourcequotas"),
     ("", "events"),
     ("events.k8s.io", "events"),
     (KUEUE_GROUP, "localqueues"),

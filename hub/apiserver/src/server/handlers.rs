@@ -565,6 +565,30 @@ fn metadata_mut(value: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
+/// A ResourceQuota's `spec.hard` (numbers made quantity strings) against
+/// what the server counts: 422 naming each field otherwise.
+fn check_quota_spec(ctx: &Ctx, object: &mut Value, name: &str) -> Result<(), ApiError> {
+    if !crate::quota::is_resource_quotas(&ctx.def) {
+        return Ok(());
+    }
+    crate::quota::normalize(object);
+    let countable: Vec<String> = ctx.server.countable().into_keys().collect();
+    invalid_unless_empty(ctx, name, &crate::quota::validate(object, &countable))
+}
+
+/// 422 Invalid with `errors`, one cause each, unless there are none.
+fn invalid_unless_empty(ctx: &Ctx, name: &str, errors: &[FieldError]) -> Result<(), ApiError> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        &ctx.def.group,
+        &ctx.def.kind,
+        name,
+        errors,
+    ))
+}
+
 /// Whether `ctx` is about namespaces with their lifecycle.
 fn lifecycle(ctx: &Ctx) -> bool {
     is_namespaces(&ctx.def) && ctx.server.serves_namespaces()
@@ -578,15 +602,7 @@ fn check_name(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
     if let Some(namespace) = ctx.target.namespace.as_deref() {
         errors.extend(names::validate_namespace(namespace));
     }
-    if errors.is_empty() {
-        return Ok(());
-    }
-    Err(ApiError::invalid(
-        &ctx.def.group,
-        &ctx.def.kind,
-        name,
-        &errors,
-    ))
+    invalid_unless_empty(ctx, name, &errors)
 }
 
 /// Prunes fields the schema does not know, and reports them as the
@@ -748,6 +764,7 @@ pub(crate) async fn create_object(
         ns::prepare_create(&mut object, &name);
     }
     validate_fields(ctx, &mut object, &mut warnings)?;
+    check_quota_spec(ctx, &mut object, &name)?;
     let manager = ctx.manager();
     match applied_by {
         Some(_) => {}
@@ -763,36 +780,85 @@ pub(crate) async fn create_object(
     }
     let outcome = run_admission(ctx, Operation::Create, None, &mut object)?;
     warnings.extend(outcome.warnings);
+    // Quotas are checked on a dry run too; only a real create charges them.
+    let mut charges = match &url_ns {
+        Some(namespace) => ctx.server.quota_charges(&ctx.def, namespace, &name)?,
+        None => Vec::new(),
+    };
     if ctx.dry_run() {
         return Ok((object, warnings));
     }
     let object = ctx.to_storage(object)?;
-    if outcome.also.is_empty() {
-        let create = Op::Create {
-            key: ctx.key(&name),
-            value: object,
-        };
-        return Ok((commit_one(ctx, create).await?, warnings));
-    }
-    // With what admission keeps beside the object, in one transaction.
     crate::limits::check_object(&object, "the object")?;
-    let mut ops = vec![Op::Create {
+    // The object, what admission keeps beside it and the quotas' charges,
+    // in one transaction. A quota another create charged first (on another
+    // replica, or the quota controller's count) is read again and charged
+    // anew, as kube-apiserver's quota admission retries.
+    let mut create = Op::Create {
         key: ctx.key(&name),
         value: object,
-    }];
-    ops.extend(outcome.also);
-    let stored = ctx
-        .server
-        .store
-        .commit(ops)
-        .await
-        .map_err(|e| ctx.store_error(e))?;
+    };
+    let mut also = outcome.also;
+    // Creates charging the same quotas take turns (in this replica), each
+    // charging what the one before left.
+    let _turn = match &url_ns {
+        Some(namespace) if !charges.is_empty() => {
+            let turn = ctx.server.quota_turn(namespace).await;
+            charges = ctx.server.quota_charges(&ctx.def, namespace, &name)?;
+            Some(turn)
+        }
+        _ => None,
+    };
+    let mut attempts = 0;
+    let stored = loop {
+        attempts += 1;
+        let mut ops = Vec::with_capacity(1 + also.len() + charges.len());
+        ops.push(create);
+        let kept = also.len();
+        ops.extend(also);
+        ops.extend(charges);
+        match ctx.server.store.commit_or_return(ops).await {
+            Ok(stored) => break stored,
+            Err((crate::store::StoreError::Conflict { key, .. }, mut returned))
+                if key.resource == crate::quota::RESOURCE_QUOTAS
+                    && attempts < QUOTA_ATTEMPTS
+                    && returned.len() > kept =>
+            {
+                returned.truncate(1 + kept);
+                also = returned.split_off(1);
+                create = returned.remove(0);
+                charges = match &url_ns {
+                    Some(namespace) => ctx.server.quota_charges(&ctx.def, namespace, &name)?,
+                    None => Vec::new(),
+                };
+            }
+            Err((crate::store::StoreError::Conflict { key, .. }, _))
+                if key.resource == crate::quota::RESOURCE_QUOTAS =>
+            {
+                return Err(ApiError::conflict(
+                    &ctx.def.group,
+                    &ctx.def.plural,
+                    &name,
+                    &format!(
+                        "the resource quota {:?} of namespace {:?} kept changing under this create ({attempts} attempts); please try again",
+                        key.name, key.namespace
+                    ),
+                ));
+            }
+            Err((e, _)) => return Err(ctx.store_error(e)),
+        }
+    };
     let value = match stored.into_iter().next() {
         Some(o) => ctx.present(&o.value)?.into_owned(),
         None => Value::Null,
     };
     Ok((value, warnings))
 }
+
+/// How often a create tries its commit when the quotas it charges keep
+/// changing under it (creates on other replicas, the controller's counts),
+/// before it answers 409 Conflict.
+const QUOTA_ATTEMPTS: usize = 8;
 
 /// Commits one write (at the storage version); returns the stored object
 /// (for a delete, its last state) at the request's version.
@@ -1043,6 +1109,9 @@ async fn write_update(
     }
     meta.insert("resourceVersion".into(), old.rv.to_string().into());
     validate_fields(ctx, &mut new, &mut warnings)?;
+    if !status_write {
+        check_quota_spec(ctx, &mut new, ctx.name())?;
+    }
     if spec_part(&new) != spec_part(&old.value) {
         let generation = old_meta
             .get("generation")

@@ -11,6 +11,7 @@ mod discovery;
 mod handlers;
 mod inflight;
 mod namespaces;
+mod quota;
 mod request;
 mod versions;
 mod watch;
@@ -105,6 +106,9 @@ pub struct Server {
     readiness: Option<Readiness>,
     /// What a POST to an object's `/status` does, if anything.
     status_posts: Option<Arc<dyn StatusPost>>,
+    /// Creates that charge a namespace's quotas take turns per namespace
+    /// (see `quota`), shared with the copies of [`Server::with_store`].
+    quota_turns: Arc<quota::Turns>,
 }
 
 /// A POST to the `/status` of an object: Kubernetes has no such verb, but
@@ -295,6 +299,7 @@ impl Server {
                 authenticated_routes: Router::new(),
                 readiness: None,
                 status_posts: None,
+                quota_turns: Arc::default(),
             },
         }
     }
@@ -329,6 +334,7 @@ impl Server {
             authenticated_routes: self.authenticated_routes.clone(),
             readiness: self.readiness.clone(),
             status_posts: self.status_posts.clone(),
+            quota_turns: self.quota_turns.clone(),
         })
     }
 

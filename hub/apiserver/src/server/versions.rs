@@ -248,6 +248,7 @@ mod tests {
                 json_path: format!(".spec.{field}"),
                 description: String::new(),
                 priority: 0,
+                render: None,
             }],
             schema: Some(json!({
                 "type": "object",

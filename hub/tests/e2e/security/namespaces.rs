@@ -41,6 +41,16 @@ fn refused(hub: &DevHub, out: Output, what: &str) -> String {
     text(&out.stderr)
 }
 
+/// The column names of kubectl's table `table`.
+fn header(table: &str) -> Vec<&str> {
+    table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect()
+}
+
 fn trainjob(name: &str, namespace: &str, extra_metadata: &str, command: &str) -> String {
     format!(
         "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata:\n  name: {name:?}\n  namespace: {namespace:?}\n{extra_metadata}spec:\n  runtimeRef:\n    name: python-distributed\n  trainer:\n    numNodes: 1\n    command: [\"sh\", \"-c\", {command:?}]\n"
@@ -71,13 +81,7 @@ fn tenants_are_namespaces_and_cannot_reach_past_their_own() {
         assert_eq!(out.trim(), format!("namespace/{ns} created"));
     }
     let table = hub.kubectl_ok(&["get", "ns"]);
-    let header: Vec<&str> = table
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .collect();
-    assert_eq!(header, ["NAME", "STATUS", "AGE"], "{table}");
+    assert_eq!(header(&table), ["NAME", "STATUS", "AGE"], "{table}");
     for ns in ["default", "kubeflow-system", "team-a", "team-b"] {
         assert!(
             table
@@ -417,4 +421,112 @@ fn namespaces_of_an_older_store_are_created_at_start() {
     ]);
     assert_eq!(phase, "Active");
     hub.kubectl_ok(&["get", "trainjob", "old", "-n", "legacy"]);
+}
+
+#[test]
+fn a_namespaces_resource_quota_bounds_how_many_trainjobs_a_tenant_keeps() {
+    const COUNT: &str = "count/trainjobs.trainer.kubeflow.org";
+    let hub = tenants();
+    hub.kubectl_ok(&["create", "namespace", "team-a"]);
+    let suspended = |name: &str| trainjob(name, "team-a", "", "sleep 60") + "  suspend: true\n";
+
+    // An admin sets the quota with kubectl's own verb; what the hub cannot
+    // count is refused by field and rule; a tenant may not set one.
+    let out = hub.kubectl_ok(&[
+        "create",
+        "quota",
+        "trainjobs",
+        &format!("--hard={COUNT}=2"),
+        "-n",
+        "team-a",
+    ]);
+    assert_eq!(out.trim(), "resourcequota/trainjobs created");
+    let e = refused(
+        &hub,
+        hub.kubectl(&[
+            "create",
+            "quota",
+            "cpu",
+            "--hard=requests.cpu=4",
+            "-n",
+            "team-a",
+        ]),
+        "a compute quota",
+    );
+    assert!(
+        e.contains("ResourceQuota \"cpu\" is invalid: spec.hard: Invalid value: \"requests.cpu\": the hub's quotas count objects"),
+        "{e}"
+    );
+    let e = refused(
+        &hub,
+        alice(
+            &hub,
+            &[
+                "create",
+                "quota",
+                "mine",
+                &format!("--hard={COUNT}=100"),
+                "-n",
+                "team-a",
+            ],
+        ),
+        "alice's own quota",
+    );
+    assert!(
+        e.contains("User \"alice\" cannot create resource \"resourcequotas\""),
+        "{e}"
+    );
+
+    // The tenant sees it, counted, in kubectl's columns.
+    eventually(&hub, "the quota counted", Duration::from_secs(20), || {
+        let out = alice(&hub, &["get", "quota", "-n", "team-a"]);
+        text(&out.stdout).contains(&format!("{COUNT}: 0/2"))
+    });
+    let table = text(&alice(&hub, &["get", "quota", "-n", "team-a"]).stdout);
+    assert_eq!(
+        header(&table),
+        ["NAME", "AGE", "REQUEST", "LIMIT"],
+        "{table}"
+    );
+
+    // Two TrainJobs fit; the third is refused as kube-apiserver words it.
+    for name in ["a", "b"] {
+        let out = alice_stdin(&hub, &["create", "-f", "-"], &suspended(name));
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+    let e = refused(
+        &hub,
+        alice_stdin(&hub, &["create", "-f", "-"], &suspended("c")),
+        "a third TrainJob",
+    );
+    assert!(
+        e.contains(&format!(
+            "Error from server (Forbidden): error when creating \"STDIN\": trainjobs.trainer.kubeflow.org \"c\" is forbidden: exceeded quota: trainjobs, requested: {COUNT}=1, used: {COUNT}=2, limited: {COUNT}=2"
+        )),
+        "{e}"
+    );
+    let described = text(&alice(&hub, &["describe", "quota", "trainjobs", "-n", "team-a"]).stdout);
+    let row: Vec<&str> = described
+        .lines()
+        .find(|l| l.starts_with(COUNT))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(row, [COUNT, "2", "2"], "{described}");
+
+    // Deleting one makes room again once the deletion is counted.
+    let out = alice(&hub, &["delete", "trainjob", "a", "-n", "team-a"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    eventually(
+        &hub,
+        "room for a third TrainJob",
+        Duration::from_secs(20),
+        || {
+            alice_stdin(&hub, &["create", "-f", "-"], &suspended("c"))
+                .status
+                .success()
+        },
+    );
+    let out = text(&alice(&hub, &["get", "quota", "-n", "team-a"]).stdout);
+    assert!(out.contains(&format!("{COUNT}: 2/2")), "{out}");
 }
