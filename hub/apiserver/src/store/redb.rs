@@ -9,6 +9,12 @@
 //!   writer thread, the single serialisation point, so they are exact.
 //! - The resourceVersion counter and the watch history are stored in the same
 //!   transaction as the objects, so both survive restarts.
+//! - A commit that fails on the file (a full disk, a failed fsync) is
+//!   refused, and the file is opened again for the next one (redb refuses
+//!   every write after an I/O error until then): once the disk has room
+//!   again, writes go on without a restart. Should the reopened file hold
+//!   another revision than the one served (the failed commit landed after
+//!   all), writes stay refused until a restart loads it.
 //!
 //! Reads are served from the shared watch cache ([`super::cache`]), which
 //! holds each object as the JSON the file holds.
@@ -73,16 +79,17 @@ impl RedbStore {
     pub fn open(path: &Path, history: usize) -> Result<Self, StoreError> {
         // Reads are served from the watch cache, so redb's page cache (1 GiB
         // by default) only needs the pages writes touch.
-        let db = redb::Builder::new()
-            .set_cache_size(REDB_CACHE_BYTES)
-            .create(path)
-            .map_err(storage)?;
+        let db = open_file(path)?;
         let cache = Arc::new(load(&db, history.max(1))?);
         let (writer, requests) = mpsc::channel();
         let writer_cache = cache.clone();
+        let file = path.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || write_loop(db, writer_cache, requests, history.max(1)))
+            .spawn(move || {
+                let db = Reopening { file, db: Some(db) };
+                write_loop(db, writer_cache, requests, history.max(1));
+            })
             .map_err(|e| StoreError::Storage(format!("starting the writer: {e}")))?;
         Ok(RedbStore {
             cache,
@@ -100,6 +107,68 @@ impl RedbStore {
     }
 }
 
+/// The store's redb file, created if absent.
+fn open_file(path: &Path) -> Result<Database, StoreError> {
+    redb::Builder::new()
+        .set_cache_size(REDB_CACHE_BYTES)
+        .create(path)
+        .map_err(storage)
+}
+
+/// The writer's database, opened again after a failed commit: redb refuses
+/// every write after an I/O error (a full disk, a failed fsync) until the
+/// file is reopened, so without this one full disk would stop the store's
+/// writes for good, even once there is room again.
+struct Reopening {
+    file: std::path::PathBuf,
+    /// `None` while the file cannot be opened again, or after it was found
+    /// to differ from what the store serves.
+    db: Option<Database>,
+}
+
+impl Reopening {
+    /// The open database, opening it again if a failed commit closed it;
+    /// only a file at `served` (the revision the store's cache holds) is
+    /// used, anything else would serve writes the cache does not know.
+    fn get(&mut self, served: Rv) -> Result<&Database, StoreError> {
+        if self.db.is_none() {
+            let db = open_file(&self.file)?;
+            let stored = stored_revision(&db)?;
+            if stored != served {
+                return Err(StoreError::Storage(format!(
+                    "the store file holds revision {stored} after a failed commit, the store serves {served}: restart to load it"
+                )));
+            }
+            tracing::info!(
+                revision = stored,
+                "store file opened again after a failed commit"
+            );
+            self.db = Some(db);
+        }
+        self.db
+            .as_ref()
+            .ok_or_else(|| StoreError::Storage("the store file is not open".into()))
+    }
+
+    /// After a failed commit: closes the file, so that the next batch opens
+    /// it again and finds whether it is still at the served revision.
+    fn failed(&mut self) {
+        self.db = None;
+    }
+}
+
+fn stored_revision(db: &Database) -> Result<Rv, StoreError> {
+    let read = db.begin_read().map_err(storage)?;
+    let rv = read
+        .open_table(META)
+        .map_err(storage)?
+        .get(META_RV)
+        .map_err(storage)?
+        .map(|v| v.value())
+        .unwrap_or(0);
+    Ok(rv)
+}
+
 fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
@@ -114,14 +183,8 @@ fn load(db: &Database, history_cap: usize) -> Result<Cache, StoreError> {
     }
     txn.commit().map_err(storage)?;
 
+    let rv = stored_revision(db)?;
     let read = db.begin_read().map_err(storage)?;
-    let rv = read
-        .open_table(META)
-        .map_err(storage)?
-        .get(META_RV)
-        .map_err(storage)?
-        .map(|v| v.value())
-        .unwrap_or(0);
     let mut objects = BTreeMap::new();
     for entry in read
         .open_table(OBJECTS)
@@ -221,7 +284,12 @@ struct Staged {
     results: Vec<Object>,
 }
 
-fn write_loop(db: Database, cache: Arc<Cache>, requests: mpsc::Receiver<Request>, history: usize) {
+fn write_loop(
+    mut db: Reopening,
+    cache: Arc<Cache>,
+    requests: mpsc::Receiver<Request>,
+    history: usize,
+) {
     while let Ok(first) = requests.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -242,7 +310,18 @@ fn write_loop(db: Database, cache: Arc<Cache>, requests: mpsc::Receiver<Request>
             outcomes.push(outcome);
         }
 
-        let committed = persist(&db, &outcomes, rv, history);
+        let committed = if outcomes.iter().all(Result::is_err) {
+            Ok(Vec::new())
+        } else {
+            let served = cache.revision();
+            let committed = db
+                .get(served)
+                .and_then(|db| persist(db, &outcomes, rv, history));
+            if committed.is_err() {
+                db.failed();
+            }
+            committed
+        };
         match committed {
             Ok(encoded) => {
                 let mut encoded = encoded.into_iter();
@@ -465,9 +544,6 @@ fn persist(
     history: usize,
 ) -> Result<Vec<Arc<[u8]>>, StoreError> {
     let mut encoded = Vec::new();
-    if outcomes.iter().all(Result::is_err) {
-        return Ok(encoded);
-    }
     let txn = db.begin_write().map_err(storage)?;
     {
         let mut objects = txn.open_table(OBJECTS).map_err(storage)?;
