@@ -646,22 +646,23 @@ fn run_admission(
     old: Option<&Value>,
     object: &mut Value,
 ) -> Result<Outcome, ApiError> {
+    let name = meta_str(object, "name")
+        .or(old.and_then(|o| meta_str(o, "name")))
+        .unwrap_or_default()
+        .to_string();
     let request = admission::Request {
         operation,
         resource: &ctx.def,
         subresource: ctx.sub(),
         namespace: ctx.target.namespace.as_deref(),
-        name: meta_str(object, "name")
-            .or(old.and_then(|o| meta_str(o, "name")))
-            .unwrap_or_default(),
+        name: &name,
         old,
         user: &ctx.user,
         dry_run: ctx.dry_run(),
     };
-    let mut admitted = object.clone();
-    let outcome = ctx.server.admission.admit(&request, &mut admitted)?;
-    *object = admitted;
-    Ok(outcome)
+    // Admission changes `object` in place: a refusal ends the request, so
+    // no caller reads an object that admission left half changed.
+    ctx.server.admission.admit(&request, object)
 }
 
 /// Random suffix of `generateName`: kube's alphabet without vowels and
