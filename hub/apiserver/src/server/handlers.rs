@@ -782,10 +782,11 @@ pub(crate) async fn create_object(
     let outcome = run_admission(ctx, Operation::Create, None, &mut object)?;
     warnings.extend(outcome.warnings);
     // Quotas are checked on a dry run too; only a real create charges them.
-    let mut charges = match &url_ns {
-        Some(namespace) => ctx.server.quota_charges(&ctx.def, namespace, &name)?,
-        None => Vec::new(),
+    let charge = || match &url_ns {
+        Some(namespace) => ctx.server.quota_charges(&ctx.def, namespace, &name),
+        None => Ok(Vec::new()),
     };
+    let mut charges = charge()?;
     if ctx.dry_run() {
         return Ok((object, warnings));
     }
@@ -805,7 +806,7 @@ pub(crate) async fn create_object(
     let _turn = match &url_ns {
         Some(namespace) if !charges.is_empty() => {
             let turn = ctx.server.quota_turn(namespace).await;
-            charges = ctx.server.quota_charges(&ctx.def, namespace, &name)?;
+            charges = charge()?;
             Some(turn)
         }
         _ => None,
@@ -816,9 +817,21 @@ pub(crate) async fn create_object(
         let mut ops = Vec::with_capacity(1 + also.len() + charges.len());
         ops.push(create);
         let kept = also.len();
+        let charging = !charges.is_empty();
         ops.extend(also);
         ops.extend(charges);
-        match ctx.server.store.commit_or_return(ops).await {
+        // Only a create that charges a quota may need its operations back
+        // (a store without its own `commit_or_return` copies them first).
+        let committed = if charging {
+            ctx.server.store.commit_or_return(ops).await
+        } else {
+            ctx.server
+                .store
+                .commit(ops)
+                .await
+                .map_err(|e| (e, Vec::new()))
+        };
+        match committed {
             Ok(stored) => break stored,
             Err((crate::store::StoreError::Conflict { key, .. }, mut returned))
                 if key.resource == crate::quota::RESOURCE_QUOTAS
@@ -828,10 +841,7 @@ pub(crate) async fn create_object(
                 returned.truncate(1 + kept);
                 also = returned.split_off(1);
                 create = returned.remove(0);
-                charges = match &url_ns {
-                    Some(namespace) => ctx.server.quota_charges(&ctx.def, namespace, &name)?,
-                    None => Vec::new(),
-                };
+                charges = charge()?;
             }
             Err((crate::store::StoreError::Conflict { key, .. }, _))
                 if key.resource == crate::quota::RESOURCE_QUOTAS =>
