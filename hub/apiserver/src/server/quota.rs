@@ -127,7 +127,7 @@ impl Server {
             self.store
                 .watch(RESOURCE_QUOTAS, None, None)
                 .ok()
-                .map(|w| w.also(&resources))
+                .map(|w| w.also_deletions(&resources))
         };
         let mut watch: Option<Watch> = follow();
         let mut ticker = tokio::time::interval(RESYNC);

@@ -363,6 +363,7 @@ impl Cache {
             live: Live {
                 rx: live,
                 resources: vec![resource.to_string()],
+                deletions: Vec::new(),
                 namespace: namespace.map(str::to_string),
                 after: s.rv,
             },
@@ -546,6 +547,39 @@ mod tests {
             &two.live.try_recv().expect("f").object.value,
             &value
         ));
+    }
+
+    #[tokio::test]
+    async fn a_watch_of_deletions_takes_only_the_deletions_of_those_resources() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        let mut watch = cache
+            .watch("r", None, None)
+            .expect("watch")
+            .also_deletions(&["q"]);
+        let of_q = |kind: EventType, name: &str, rv: Rv| {
+            let mut c = change(kind, name, rv, 1);
+            c.key = Key::new("q", Some("ns"), name);
+            c
+        };
+        cache.apply(
+            vec![
+                of_q(EventType::Added, "a", 1),
+                of_q(EventType::Modified, "a", 2),
+                change(EventType::Added, "b", 3, 1),
+                of_q(EventType::Deleted, "a", 4),
+            ],
+            4,
+        );
+        let mut seen = Vec::new();
+        while let Ok(event) = watch.live.try_recv() {
+            seen.push(format!(
+                "{} {}/{}",
+                event.kind.as_str(),
+                event.object.key.resource,
+                event.object.key.name
+            ));
+        }
+        assert_eq!(seen, ["ADDED r/b", "DELETED q/a"]);
     }
 
     #[tokio::test]

@@ -269,6 +269,17 @@ impl Watch {
             .extend(resources.iter().map(|r| (*r).to_string()));
         self
     }
+
+    /// Follows the deletions of `resources` too, on the live feed, and
+    /// nothing else of them: their other changes are skipped before they
+    /// are decoded (a follower that only counts what goes away).
+    #[must_use]
+    pub fn also_deletions(mut self, resources: &[&str]) -> Self {
+        self.live
+            .deletions
+            .extend(resources.iter().map(|r| (*r).to_string()));
+        self
+    }
 }
 
 /// A watch's live feed. The store sends each change as its encoded bytes
@@ -281,6 +292,8 @@ impl Watch {
 pub struct Live {
     rx: tokio::sync::broadcast::Receiver<Arc<LiveChange>>,
     resources: Vec<String>,
+    /// Resources of which only deletions are followed.
+    deletions: Vec<String>,
     namespace: Option<String>,
     after: Rv,
 }
@@ -314,8 +327,10 @@ impl Live {
     }
 
     fn accept(&self, change: &LiveChange) -> Option<Arc<Event>> {
+        let followed = self.resources.contains(&change.key.resource)
+            || (change.kind == EventType::Deleted && self.deletions.contains(&change.key.resource));
         let in_scope = change.rv > self.after
-            && self.resources.contains(&change.key.resource)
+            && followed
             && self
                 .namespace
                 .as_deref()
