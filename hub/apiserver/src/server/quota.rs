@@ -172,18 +172,24 @@ impl Server {
                 dirty.extend(quotas.into_iter().map(|q| q.key.namespace));
             }
             let mut retry = BTreeSet::new();
+            let mut failed = false;
             for namespace in std::mem::take(&mut dirty) {
                 if let Err(e) = self.count_namespace(&namespace, &countable).await {
                     if !matches!(e, StoreError::Conflict { .. }) {
                         tracing::warn!(%namespace, error = %e, "counting the namespace's quota usage");
+                        failed = true;
                     }
                     retry.insert(namespace);
                 }
             }
             if !retry.is_empty() {
-                // A create charged the quota meanwhile (or the store
-                // failed): count again shortly, not in a tight loop.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                // A create charged the quota meanwhile: count again
+                // shortly; the store failed: not before a second.
+                let pause = if failed { 1000 } else { 20 };
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(Duration::from_millis(pause)) => {}
+                }
                 dirty = retry;
             }
         }
