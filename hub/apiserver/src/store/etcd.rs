@@ -43,8 +43,8 @@ use serde_json::Value;
 
 use super::cache::{Cache, Change, Stored, decode, set_rv};
 use super::{
-    CommitFuture, EventType, Key, Object, Op, RawListFuture, RawObject, Rv, Store, StoreError,
-    Term, Watch, readable,
+    CommitFuture, EventType, Key, Object, Op, RawListFuture, RawObject, ReturningFuture, Rv, Store,
+    StoreError, Term, Watch, readable,
 };
 
 mod local;
@@ -301,14 +301,51 @@ impl EtcdStore {
     /// Checks `ops`, hands them to the committer (which may send them in
     /// one etcd transaction with other callers' commits) and waits for its
     /// answer, then for this replica's cache to apply the revision.
+    /// Commits `ops` (fenced by `term`, if any); a commit refused before it
+    /// was written (a precondition, a key, the term) hands its operations
+    /// back, one that failed in etcd or after does not.
     async fn commit_in(
         &self,
         ops: Vec<Op>,
         term: Option<&Term>,
-    ) -> Result<Vec<Object>, StoreError> {
-        readable(&ops)?;
+    ) -> Result<Vec<Object>, (StoreError, Vec<Op>)> {
+        let parts = match self.prepare(&ops) {
+            Ok(parts) => parts,
+            Err(e) => return Err((e, ops)),
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let pending = Pending {
+            ops,
+            parts,
+            term: term.cloned(),
+            reply,
+        };
+        if let Err(tokio::sync::mpsc::error::SendError(pending)) = self.commits.send(pending) {
+            return Err((
+                StoreError::Storage("etcd store: the committer has stopped".into()),
+                pending.ops,
+            ));
+        }
+        let (results, revision) = answer.await.map_err(|_| {
+            (
+                StoreError::Storage("etcd store: the committer stopped before answering".into()),
+                Vec::new(),
+            )
+        })??;
+        if let Some(revision) = revision {
+            self.cache
+                .wait_for(revision, self.options.commit_timeout)
+                .await
+                .map_err(|e| (e, Vec::new()))?;
+        }
+        Ok(results)
+    }
+
+    /// The transaction's parts for `ops`.
+    fn prepare(&self, ops: &[Op]) -> Result<Parts, StoreError> {
+        readable(ops)?;
         let mut seen = std::collections::HashSet::new();
-        for op in &ops {
+        for op in ops {
             let key = op.key();
             if !key.is_storable() {
                 return Err(StoreError::InvalidKey(key.clone()));
@@ -323,7 +360,7 @@ impl EtcdStore {
         let mut writes = Vec::with_capacity(ops.len());
         let mut reads = Vec::with_capacity(ops.len());
         let mut bytes = 0;
-        for op in &ops {
+        for op in ops {
             let k = self.etcd_key(op.key());
             bytes += k.len();
             match op {
@@ -360,28 +397,12 @@ impl EtcdStore {
             }
             reads.push(TxnOp::get(k, Some(GetOptions::new().with_keys_only())));
         }
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let pending = Pending {
-            ops,
+        Ok(Parts {
             compares,
             writes,
             reads,
             bytes,
-            term: term.cloned(),
-            reply,
-        };
-        self.commits
-            .send(pending)
-            .map_err(|_| StoreError::Storage("etcd store: the committer has stopped".into()))?;
-        let (results, revision) = answer.await.map_err(|_| {
-            StoreError::Storage("etcd store: the committer stopped before answering".into())
-        })??;
-        if let Some(revision) = revision {
-            self.cache
-                .wait_for(revision, self.options.commit_timeout)
-                .await?;
-        }
-        Ok(results)
+        })
     }
 
     /// The encoded objects of `resource` (in `namespace`) after (namespace,
@@ -515,12 +536,8 @@ const MERGED_BYTES: usize = 1 << 20;
 
 /// What a commit gets back from the committer: the stored objects, and the
 /// revision to wait for when it wrote.
-type Committed = Result<(Vec<Object>, Option<Rv>), StoreError>;
-
-/// One commit on its way to etcd: its ops, checked, and its part of a
-/// transaction.
-struct Pending {
-    ops: Vec<Op>,
+/// A commit's part of a transaction.
+struct Parts {
     /// One per Create, Update and Delete.
     compares: Vec<Compare>,
     /// One per op.
@@ -530,6 +547,17 @@ struct Pending {
     reads: Vec<TxnOp>,
     /// Its keys and values.
     bytes: usize,
+}
+
+/// A commit's answer: what it stored and the revision, or why it was
+/// refused with its operations back (none after a failure in etcd).
+type Committed = Result<(Vec<Object>, Option<Rv>), (StoreError, Vec<Op>)>;
+
+/// One commit on its way to etcd: its ops, checked, and its part of a
+/// transaction.
+struct Pending {
+    ops: Vec<Op>,
+    parts: Parts,
     term: Option<Term>,
     reply: tokio::sync::oneshot::Sender<Committed>,
 }
@@ -588,14 +616,14 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut keys: std::collections::HashSet<Key> =
         first.ops.iter().map(|op| op.key().clone()).collect();
     let mut blocked: std::collections::HashSet<Key> = std::collections::HashSet::new();
-    let (mut ops, mut bytes) = (first.ops.len(), first.bytes);
+    let (mut ops, mut bytes) = (first.ops.len(), first.parts.bytes);
     let mut batch = vec![first];
     let mut i = 0;
     while i < waiting.len() && ops < MERGED_OPS {
         let p = &waiting[i];
         let fits = p.term == batch[0].term
             && ops + p.ops.len() <= MERGED_OPS
-            && bytes + p.bytes <= MERGED_BYTES
+            && bytes + p.parts.bytes <= MERGED_BYTES
             && p.ops
                 .iter()
                 .all(|op| !keys.contains(op.key()) && !blocked.contains(op.key()));
@@ -606,7 +634,7 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
         }
         if let Some(p) = waiting.remove(i) {
             ops += p.ops.len();
-            bytes += p.bytes;
+            bytes += p.parts.bytes;
             keys.extend(p.ops.iter().map(|op| op.key().clone()));
             batch.push(p);
         }
@@ -641,9 +669,9 @@ async fn attempt(client: &Client, batch: Vec<Pending>) -> Vec<Pending> {
     let mut writes = Vec::new();
     let mut reads = Vec::new();
     for p in &batch {
-        compares.extend(p.compares.iter().cloned());
-        writes.extend(p.writes.iter().cloned());
-        reads.extend(p.reads.iter().cloned());
+        compares.extend(p.parts.compares.iter().cloned());
+        writes.extend(p.parts.writes.iter().cloned());
+        reads.extend(p.parts.reads.iter().cloned());
     }
     if let Some(term) = &term {
         compares.push(Compare::create_revision(
@@ -668,7 +696,7 @@ async fn attempt(client: &Client, batch: Vec<Pending>) -> Vec<Pending> {
         Err(e) => {
             let e = etcd_error("committing", e);
             for p in batch {
-                let _ = p.reply.send(Err(e.clone()));
+                let _ = p.reply.send(Err((e.clone(), Vec::new())));
             }
             return Vec::new();
         }
@@ -704,11 +732,14 @@ async fn attempt(client: &Client, batch: Vec<Pending>) -> Vec<Pending> {
     for (p, answers) in batch.into_iter().zip(parts) {
         match refused(&p.ops, answers).or_else(|| fenced.clone()) {
             Some(e) => {
-                let _ = p.reply.send(Err(e));
+                let _ = p.reply.send(Err((e, p.ops)));
             }
             None if alone => {
-                let _ = p.reply.send(Err(StoreError::Storage(
-                    "etcd refused the transaction, yet every precondition holds".into(),
+                let _ = p.reply.send(Err((
+                    StoreError::Storage(
+                        "etcd refused the transaction, yet every precondition holds".into(),
+                    ),
+                    p.ops,
                 )));
             }
             None => rest.push(p),
@@ -1047,6 +1078,10 @@ impl Store for EtcdStore {
     }
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        Box::pin(async move { self.commit_in(ops, None).await.map_err(|(e, _)| e) })
+    }
+
+    fn commit_or_return(&self, ops: Vec<Op>) -> ReturningFuture<'_> {
         Box::pin(self.commit_in(ops, None))
     }
 
@@ -1111,6 +1146,15 @@ impl Store for Fenced {
     }
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
+        Box::pin(async move {
+            self.store
+                .commit_in(ops, Some(&self.term))
+                .await
+                .map_err(|(e, _)| e)
+        })
+    }
+
+    fn commit_or_return(&self, ops: Vec<Op>) -> ReturningFuture<'_> {
         Box::pin(self.store.commit_in(ops, Some(&self.term)))
     }
 
