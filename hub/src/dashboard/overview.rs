@@ -1,6 +1,7 @@
 //! The overview: the spokes (connected, heartbeat, capacity and what is
 //! free, certificate expiry, cordoned), the ClusterQueues (usage against
-//! nominal quota, borrowed, pending) and the caller's TrainJobs by state.
+//! nominal quota, borrowed, pending), the caller's TrainJobs by state and
+//! the object counts its namespaces' ResourceQuotas allow.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,11 +12,12 @@ use axum::response::Response;
 use maud::{Markup, html};
 use serde_json::Value;
 
-use super::trainjobs::{self, Filter};
+use super::trainjobs::{self, Filter, Scope};
 use super::view::{self, STATES, Summary, str_at};
 use super::{Dashboard, Session, attributes, html_response};
 use crate::api::SPOKES;
 use crate::kueue::CLUSTER_QUEUES;
+use trainhub_apiserver::quota::RESOURCE_QUOTAS;
 
 /// A certificate expiring sooner than this is flagged.
 const EXPIRY_WARNING: i64 = 7 * 24 * 3600;
@@ -68,6 +70,7 @@ pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Respon
         Err(r) => return r,
     };
     let jobs = d.summaries().list(d.store().as_ref(), &scope).await;
+    let quotas = namespace_quotas(&d, &session, &scope);
     html_response(
         StatusCode::OK,
         render(
@@ -75,9 +78,67 @@ pub(crate) async fn page(State(d): State<Dashboard>, request: Request) -> Respon
             spokes.as_deref(),
             queues.as_deref(),
             &jobs,
+            &quotas,
             jiff::Timestamp::now(),
         ),
     )
+}
+
+/// The ResourceQuotas of the namespaces in `scope` that `session` may list
+/// them in.
+fn namespace_quotas(d: &Dashboard, session: &Session, scope: &Scope) -> Vec<Arc<Value>> {
+    let may_list = |namespace: Option<&str>| {
+        d.allowed(
+            session,
+            &attributes("list", "", RESOURCE_QUOTAS, namespace, ""),
+        )
+    };
+    let namespaces: Vec<Option<&str>> = match scope {
+        Scope::All if may_list(None) => vec![None],
+        Scope::All => Vec::new(),
+        Scope::Namespaces(list) => list
+            .iter()
+            .map(|n| Some(n.as_str()))
+            .filter(|n| may_list(*n))
+            .collect(),
+    };
+    namespaces
+        .into_iter()
+        .flat_map(|ns| d.store().list(RESOURCE_QUOTAS, ns).0)
+        .map(|o| o.value)
+        .collect()
+}
+
+/// Each quota's counted resources, used against hard, as `kubectl describe
+/// quota` shows them.
+fn quotas_section(quotas: &[Arc<Value>]) -> Markup {
+    html! {
+        section #quotas {
+            h2 { "Namespace quotas" }
+            @if quotas.is_empty() {
+                p.empty { "No ResourceQuota in your namespaces: they may hold any number of objects." }
+            } @else {
+                table {
+                    thead { tr { th { "Namespace" } th { "Quota" } th { "Resource" } th { "Used / hard" } } }
+                    tbody {
+                        @for q in quotas {
+                            @let hard = q.pointer("/spec/hard").and_then(Value::as_object);
+                            @for (resource, limit) in hard.into_iter().flatten() {
+                                @let used = q.pointer("/status/used").and_then(|u| u.get(resource)).and_then(Value::as_str);
+                                @let full = used.is_some_and(|u| Some(u) == limit.as_str());
+                                tr.full[full] {
+                                    td { (str_at(q, "/metadata/namespace")) }
+                                    td { (str_at(q, "/metadata/name")) }
+                                    td { (resource) }
+                                    td { (used.unwrap_or("not counted yet")) " / " (limit.as_str().unwrap_or_default()) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Per flavor and resource: (nominal quota, used, borrowed).
@@ -146,6 +207,7 @@ pub(crate) fn render(
     spokes: Option<&[(Arc<Value>, bool)]>,
     queues: Option<&[Arc<Value>]>,
     jobs: &[Arc<Summary>],
+    quotas: &[Arc<Value>],
     now: jiff::Timestamp,
 ) -> Markup {
     let mut counts: BTreeMap<&str, usize> = STATES.iter().map(|s| (*s, 0)).collect();
@@ -247,6 +309,7 @@ pub(crate) fn render(
                     },
                 }
             }
+            (quotas_section(quotas))
         },
     )
 }
@@ -255,6 +318,31 @@ pub(crate) fn render(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn quotas_show_used_against_hard_per_resource() {
+        let q = Arc::new(json!({
+            "metadata": {"name": "objects", "namespace": "team-a"},
+            "spec": {"hard": {"count/trainjobs.trainer.kubeflow.org": "2", "count/trainingruntimes.trainer.kubeflow.org": "5"}},
+            "status": {"used": {"count/trainjobs.trainer.kubeflow.org": "2"}},
+        }));
+        let page = quotas_section(&[q]).into_string();
+        assert!(
+            page.contains(r#"<tr class="full"><td>team-a</td><td>objects</td><td>count/trainjobs.trainer.kubeflow.org</td><td>2 / 2</td></tr>"#),
+            "{page}"
+        );
+        assert!(
+            page.contains(
+                "<td>count/trainingruntimes.trainer.kubeflow.org</td><td>not counted yet / 5</td>"
+            ),
+            "{page}"
+        );
+        assert!(
+            quotas_section(&[])
+                .into_string()
+                .contains("No ResourceQuota")
+        );
+    }
 
     #[test]
     fn queue_usage_pairs_nominal_with_used_and_borrowed() {

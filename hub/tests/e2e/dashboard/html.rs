@@ -391,18 +391,36 @@ async fn pages_authenticate_authorize_filter_escape_and_refuse_forged_actions() 
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // The overview counts alice's TrainJobs only.
+    // The overview counts alice's TrainJobs only, and shows her
+    // namespace's quota, not another's.
+    for ns in ["team-a", "team-b"] {
+        hub.kubectl_ok(&[
+            "create",
+            "quota",
+            &format!("{ns}-objects"),
+            "--hard=count/trainjobs.trainer.kubeflow.org=100",
+            "-n",
+            ns,
+        ]);
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let overview = http.get("/dashboard/", &alice).await;
         assert_eq!(overview.status, 200);
         assert!(!overview.body.contains("secret-b"), "{}", overview.body);
-        if overview.body.contains("<strong>8</strong> in all") {
+        assert!(
+            !overview.body.contains("team-b-objects"),
+            "{}",
+            overview.body
+        );
+        if overview.body.contains("<strong>8</strong> in all")
+            && overview.body.contains("<td>team-a-objects</td><td>count/trainjobs.trainer.kubeflow.org</td><td>8 / 100</td>")
+        {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the overview never counted alice's 8 TrainJobs: {}",
+            "the overview never counted alice's 8 TrainJobs against her quota: {}",
             overview.body
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
