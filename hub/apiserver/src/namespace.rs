@@ -13,7 +13,7 @@
 
 use serde_json::{Value, json};
 
-use crate::resource::{PrinterColumn, ResourceDef};
+use crate::resource::{PrinterColumn, ResourceDef, kind_schema};
 
 /// The store key (and plural) of namespaces.
 pub const NAMESPACES: &str = "namespaces";
@@ -62,35 +62,27 @@ pub fn resource_def() -> ResourceDef {
                 "CreationTimestamp is a timestamp representing the server time when this object was created.",
             ),
         ],
-        schema: Some(json!({
-            "type": "object",
-            "description": "Namespace provides a scope for Names. Use of multiple namespaces is optional.",
-            "properties": {
-                "apiVersion": {"type": "string"},
-                "kind": {"type": "string"},
-                "metadata": {"type": "object"},
-                "spec": {
-                    "type": "object",
-                    "description": "Spec defines the behavior of the Namespace.",
-                    "properties": {
-                        "finalizers": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"},
+        schema: Some(kind_schema(
+            "Namespace provides a scope for Names. Use of multiple namespaces is optional.",
+            (
+                "Spec defines the behavior of the Namespace.",
+                json!({
+                    "finalizers": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"},
+                }),
+            ),
+            (
+                "Status describes the current status of a Namespace.",
+                json!({
+                    "phase": {"type": "string", "enum": [PHASE_ACTIVE, PHASE_TERMINATING]},
+                    "conditions": {
+                        "type": "array",
+                        "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                        "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["type"],
                     },
-                },
-                "status": {
-                    "type": "object",
-                    "description": "Status describes the current status of a Namespace.",
-                    "properties": {
-                        "phase": {"type": "string", "enum": [PHASE_ACTIVE, PHASE_TERMINATING]},
-                        "conditions": {
-                            "type": "array",
-                            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                            "x-kubernetes-list-type": "map",
-                            "x-kubernetes-list-map-keys": ["type"],
-                        },
-                    },
-                },
-            },
-        })),
+                }),
+            ),
+        )),
         ..Default::default()
     }
 }

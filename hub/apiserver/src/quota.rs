@@ -22,7 +22,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::field::FieldError;
-use crate::resource::{PrinterColumn, ResourceDef};
+use crate::resource::{PrinterColumn, ResourceDef, kind_schema};
 
 /// The store key (and plural) of resource quotas.
 pub const RESOURCE_QUOTAS: &str = "resourcequotas";
@@ -324,32 +324,21 @@ pub fn resource_def() -> ResourceDef {
                 ..Default::default()
             },
         ],
-        schema: Some(json!({
-            "type": "object",
-            "description": "ResourceQuota sets aggregate quota restrictions enforced per namespace",
-            "properties": {
-                "apiVersion": {"type": "string"},
-                "kind": {"type": "string"},
-                "metadata": {"type": "object"},
-                "spec": {
-                    "type": "object",
-                    "description": "Spec defines the desired quota.",
-                    "properties": {
-                        "hard": quantities.clone(),
-                        "scopes": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"},
-                        "scopeSelector": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                    },
-                },
-                "status": {
-                    "type": "object",
-                    "description": "Status defines the actual enforced quota and its current usage.",
-                    "properties": {
-                        "hard": quantities.clone(),
-                        "used": quantities,
-                    },
-                },
-            },
-        })),
+        schema: Some(kind_schema(
+            "ResourceQuota sets aggregate quota restrictions enforced per namespace",
+            (
+                "Spec defines the desired quota.",
+                json!({
+                    "hard": quantities.clone(),
+                    "scopes": {"type": "array", "items": {"type": "string"}, "x-kubernetes-list-type": "atomic"},
+                    "scopeSelector": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                }),
+            ),
+            (
+                "Status defines the actual enforced quota and its current usage.",
+                json!({"hard": quantities.clone(), "used": quantities}),
+            ),
+        )),
         ..Default::default()
     }
 }

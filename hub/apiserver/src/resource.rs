@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// A column of `kubectl get` output (a CRD's `additionalPrinterColumns`).
 #[derive(Debug, Clone, Default)]
@@ -167,6 +167,22 @@ impl ResourceDef {
             ]
         }
     }
+}
+
+/// The schema of a built-in kind: `apiVersion`, `kind` and `metadata`, then
+/// `spec` and `status` objects with the given descriptions and properties.
+pub fn kind_schema(description: &str, spec: (&str, Value), status: (&str, Value)) -> Value {
+    json!({
+        "type": "object",
+        "description": description,
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {"type": "object", "description": spec.0, "properties": spec.1},
+            "status": {"type": "object", "description": status.0, "properties": status.1},
+        },
+    })
 }
 
 #[cfg(test)]
