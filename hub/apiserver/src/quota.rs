@@ -88,7 +88,7 @@ pub fn hard(quota: &Value) -> Vec<(String, u64)> {
     let mut limits: Vec<(String, u64)> = hard
         .iter()
         .filter(|(name, _)| name.starts_with("count/"))
-        .filter_map(|(name, v)| Some((name.clone(), parse_count(quantity_text(v)?)?)))
+        .filter_map(|(name, v)| Some((name.clone(), parse_count(v.as_str()?)?)))
         .collect();
     limits.sort();
     limits
@@ -97,11 +97,7 @@ pub fn hard(quota: &Value) -> Vec<(String, u64)> {
 /// What `status.used` says of `name`: `None` when the controller has not
 /// counted it yet.
 pub fn used(quota: &Value, name: &str) -> Option<u64> {
-    quantity_text(&quota["status"]["used"][name]).and_then(parse_count)
-}
-
-fn quantity_text(v: &Value) -> Option<&str> {
-    v.as_str()
+    quota["status"]["used"][name].as_str().and_then(parse_count)
 }
 
 /// `spec.hard` with its numbers as quantity strings (`10` as `"10"`), as
@@ -147,7 +143,7 @@ pub fn validate(quota: &Value, countable: &[String]) -> Vec<FieldError> {
                     ));
                     continue;
                 }
-                match quantity_text(value).and_then(parse_count) {
+                match value.as_str().and_then(parse_count) {
                     Some(n) if n <= MAX_COUNT => {}
                     Some(_) => errors.push(FieldError::invalid(
                         field,

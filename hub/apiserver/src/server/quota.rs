@@ -74,7 +74,9 @@ impl Server {
         namespace: &str,
         name: &str,
     ) -> Result<Vec<Op>, ApiError> {
-        if !quota::is_countable(def) || !self.serves_quotas() {
+        // No look-up of the served resources on every create: where quotas
+        // are not served, none can be stored.
+        if !quota::is_countable(def) {
             return Ok(Vec::new());
         }
         let (quotas, _) = self.store.list(RESOURCE_QUOTAS, Some(namespace));
