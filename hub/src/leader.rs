@@ -472,6 +472,10 @@ impl Store for TermStore {
         self.inner.revision_of(key)
     }
 
+    fn keep_written(&self, resource: &str) {
+        self.inner.keep_written(resource);
+    }
+
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.inner.list(resource, namespace)
     }

@@ -361,6 +361,12 @@ impl Dispatch {
         plugins: Arc<Registry>,
         config: DispatchConfig,
     ) -> Arc<Self> {
+        // Dispatch reads back nearly every write of a TrainJob (the queue
+        // publisher, status merges, placements) and each TrainJob's runtime
+        // snapshot at intake, most of them within moments: kept decoded
+        // from the write, they are not decoded again.
+        store.keep_written(TRAINJOBS);
+        store.keep_written(crate::admission::RUNTIME_SNAPSHOTS);
         let (writer, writer_rx) = mpsc::unbounded_channel();
         Arc::new_cyclic(|me| Dispatch {
             me: me.clone(),

@@ -67,6 +67,10 @@ pub(crate) struct Cache {
     state: RwLock<State>,
     history_cap: usize,
     decoded: Recent<Key, (Rv, Arc<Value>)>,
+    /// Resources whose written objects go into `decoded` as they are
+    /// written ([`Cache::keep_written`]); others only refresh an entry a
+    /// read made.
+    kept: RwLock<Vec<String>>,
     /// The revision of the last applied change (or the load), for
     /// [`Cache::wait_for`].
     seen: tokio::sync::watch::Sender<Rv>,
@@ -95,6 +99,7 @@ impl Cache {
             }),
             history_cap: history_cap.max(1),
             decoded: Recent::new(DECODED),
+            kept: RwLock::new(Vec::new()),
             seen: tokio::sync::watch::Sender::new(rv),
         }
     }
@@ -105,6 +110,17 @@ impl Cache {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the objects of `resource` decoded as they are written, for a
+    /// reader that reads back most writes of it soon after (the hub's
+    /// TrainJobs). Resources written much and read little (Events, pods)
+    /// are better left out: they would push out what is read.
+    pub fn keep_written(&self, resource: &str) {
+        let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+        if !kept.iter().any(|r| r == resource) {
+            kept.push(resource.to_string());
+        }
     }
 
     /// The object at `key` as stored (not decoded): for checking
@@ -124,6 +140,7 @@ impl Cache {
         let mut s = self.write();
         let mut events = Vec::new();
         let watched = s.live.receiver_count() > 0;
+        let kept = self.kept.read().unwrap_or_else(|p| p.into_inner());
         for mut change in changes {
             match change.kind {
                 EventType::Deleted => {
@@ -141,13 +158,13 @@ impl Cache {
                     // Kept fresh where it was read before; an object
                     // nobody reads (an Event, a pod shown) does not push
                     // out those that are.
-                    self.decoded.refresh(
-                        &change.key,
-                        change
-                            .value
-                            .as_ref()
-                            .map(|value| (change.rv, value.clone())),
-                    );
+                    let value = change.value.as_ref().map(|v| (change.rv, v.clone()));
+                    match value {
+                        Some(value) if kept.contains(&change.key.resource) => {
+                            self.decoded.insert(change.key.clone(), value)
+                        }
+                        value => self.decoded.refresh(&change.key, value),
+                    }
                 }
             }
             if watched {
@@ -174,6 +191,7 @@ impl Cache {
         while s.history.len() > self.history_cap {
             s.history.pop_front();
         }
+        drop(kept);
         s.rv = s.rv.max(rv);
         for event in events {
             // No receiver is fine: nobody watches.
@@ -580,6 +598,44 @@ mod tests {
             ));
         }
         assert_eq!(seen, ["ADDED r/b", "DELETED q/a"]);
+    }
+
+    #[test]
+    fn the_written_objects_of_a_kept_resource_are_read_without_a_decode() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        cache.keep_written("q");
+        let written = |resource: &str, name: &str, rv: Rv| {
+            let mut c = change(EventType::Added, name, rv, 1);
+            c.key = Key::new(resource, Some("ns"), name);
+            c.value = Some(decode(&c.key, rv, &c.bytes).expect("decodes").value);
+            c
+        };
+        let (kept, other) = (written("q", "a", 1), written("r", "b", 1));
+        let (kept_value, other_value) = (kept.value.clone(), other.value.clone());
+        cache.apply(vec![kept, other], 1);
+        let read = |resource: &str, name: &str| {
+            cache
+                .get(&Key::new(resource, Some("ns"), name))
+                .expect("stored")
+                .value
+        };
+        // The writer's value, not a decode of the bytes.
+        assert!(Arc::ptr_eq(
+            &read("q", "a"),
+            kept_value.as_ref().expect("value")
+        ));
+        // Another resource's write is decoded on its first read (an Event,
+        // a pod: written much, read little), and kept from then on.
+        let first = read("r", "b");
+        assert!(!Arc::ptr_eq(&first, other_value.as_ref().expect("value")));
+        assert!(Arc::ptr_eq(&first, &read("r", "b")));
+        // A newer write of a kept object replaces the one read before.
+        let newer = written("q", "a", 2);
+        let newer_value = newer.value.clone().expect("value");
+        cache.apply(vec![newer], 2);
+        let again = read("q", "a");
+        assert!(Arc::ptr_eq(&again, &newer_value));
+        assert_eq!(again["metadata"]["resourceVersion"], "2");
     }
 
     #[tokio::test]

@@ -1073,6 +1073,10 @@ impl Store for EtcdStore {
         self.cache.stored(key).map(|s| s.rv)
     }
 
+    fn keep_written(&self, resource: &str) {
+        self.cache.keep_written(resource);
+    }
+
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.cache.list(resource, namespace)
     }
@@ -1139,6 +1143,10 @@ impl Store for Fenced {
 
     fn revision_of(&self, key: &Key) -> Option<Rv> {
         self.store.revision_of(key)
+    }
+
+    fn keep_written(&self, resource: &str) {
+        self.store.keep_written(resource);
     }
 
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {

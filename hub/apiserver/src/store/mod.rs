@@ -383,6 +383,11 @@ pub trait Store: Send + Sync + 'static {
         self.get(key).map(|o| o.rv)
     }
 
+    /// Keeps the objects of `resource` decoded as they are written, for a
+    /// reader that reads most of them back soon after; by default, and for
+    /// any other resource, a write only refreshes an object a read decoded.
+    fn keep_written(&self, _resource: &str) {}
+
     /// Objects of `resource` (in `namespace`, or all), sorted by key, and the
     /// resourceVersion the list is consistent at.
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv);

@@ -592,6 +592,10 @@ impl Store for RedbStore {
         self.cache.stored(key).map(|s| s.rv)
     }
 
+    fn keep_written(&self, resource: &str) {
+        self.cache.keep_written(resource);
+    }
+
     fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
         self.cache.list(resource, namespace)
     }
