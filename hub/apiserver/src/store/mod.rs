@@ -386,6 +386,8 @@ pub trait Store: Send + Sync + 'static {
     /// Keeps the objects of `resource` decoded as they are written, for a
     /// reader that reads most of them back soon after; by default, and for
     /// any other resource, a write only refreshes an object a read decoded.
+    /// Only where the writer hands the cache what it wrote (redb's writer;
+    /// an etcd replica learns every write from etcd's watch, as bytes).
     fn keep_written(&self, _resource: &str) {}
 
     /// Objects of `resource` (in `namespace`, or all), sorted by key, and the
