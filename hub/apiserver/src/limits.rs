@@ -75,6 +75,13 @@ pub fn depth(value: &Value) -> usize {
 /// The size of `value` as compact JSON, or `None` as soon as it exceeds
 /// `limit` (so that measuring a huge value costs no more than `limit`).
 pub fn json_size(value: &Value, limit: usize) -> Option<usize> {
+    encoded_size(value, limit)
+}
+
+/// The size of any serialisable `value` as compact JSON, or `None` as soon
+/// as it exceeds `limit` (or cannot be serialised): what caches of typed
+/// objects weigh them by.
+pub fn encoded_size<T: serde::Serialize + ?Sized>(value: &T, limit: usize) -> Option<usize> {
     struct Counter {
         written: usize,
         limit: usize,
@@ -94,6 +101,13 @@ pub fn json_size(value: &Value, limit: usize) -> Option<usize> {
     let mut counter = Counter { written: 0, limit };
     serde_json::to_writer(&mut counter, value).ok()?;
     Some(counter.written)
+}
+
+/// The weight of a shared value in a cache bounded by bytes
+/// ([`crate::recent::Recent::with_budget`]): its size as compact JSON (a
+/// value that cannot be serialised weighs too much to keep).
+pub fn encoded_weight<T: serde::Serialize + ?Sized>(value: &std::sync::Arc<T>) -> usize {
+    encoded_size(&**value, usize::MAX).unwrap_or(usize::MAX)
 }
 
 /// 413 for an object over [`MAX_OBJECT_BYTES`].

@@ -21,6 +21,14 @@
 //!
 //! Keys come from tenants (names), so each shard's map is small and bounded
 //! whatever they hash to; the hasher is seeded per process.
+//!
+//! Values come from tenants too, and a count does not bound their size: a
+//! cache of decoded objects or typed TrainJobs made with
+//! [`Recent::with_budget`] weighs each value (its encoded size, say) and
+//! also turns a generation over when its weight would pass its share of
+//! the budget; a value heavier than that share is not kept at all (it is
+//! made again on each use, at its owner's cost). So the whole cache never
+//! weighs more than its budget, whatever tenants store.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -39,17 +47,34 @@ pub struct Recent<K, V> {
     hasher: RandomState,
     /// Entries per generation of a shard.
     half: usize,
+    /// Weight per generation of a shard.
+    half_budget: usize,
+    weigh: fn(&V) -> usize,
 }
 
+/// A shard's two generations; each entry is kept with its weight.
 struct Generations<K, V> {
-    current: HashMap<K, V, RandomState>,
-    previous: HashMap<K, V, RandomState>,
+    current: HashMap<K, (V, usize), RandomState>,
+    previous: HashMap<K, (V, usize), RandomState>,
+    /// The weights of `current`'s and `previous`'s entries, summed.
+    current_weight: usize,
+    previous_weight: usize,
 }
+
+/// A generation dropped whole, freed by the caller outside the lock.
+type Dropped<K, V> = Option<HashMap<K, (V, usize), RandomState>>;
 
 impl<K: Hash + Eq, V: Clone> Recent<K, V> {
     /// A cache holding at most about `capacity` entries (rounded up to
     /// two per shard).
     pub fn new(capacity: usize) -> Self {
+        Self::with_budget(capacity, usize::MAX, |_| 0)
+    }
+
+    /// A cache holding at most about `capacity` entries whose weights
+    /// (`weigh`) sum to at most `budget`. A value weighing more than
+    /// `budget / 32` (a shard's generation's share) is not kept.
+    pub fn with_budget(capacity: usize, budget: usize, weigh: fn(&V) -> usize) -> Self {
         let half = capacity.div_ceil(2 * SHARDS).max(1);
         let hasher = RandomState::default();
         let shards = (0..SHARDS)
@@ -57,6 +82,8 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
                 Mutex::new(Generations {
                     current: HashMap::with_hasher(hasher.clone()),
                     previous: HashMap::with_hasher(hasher.clone()),
+                    current_weight: 0,
+                    previous_weight: 0,
                 })
             })
             .collect();
@@ -64,12 +91,19 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
             shards,
             hasher,
             half,
+            half_budget: budget / (2 * SHARDS),
+            weigh,
         }
     }
 
     /// The most entries it holds at once.
     pub fn capacity(&self) -> usize {
         2 * self.half * SHARDS
+    }
+
+    /// The most its entries weigh together at once.
+    pub fn budget(&self) -> usize {
+        self.half_budget.saturating_mul(2 * SHARDS)
     }
 
     fn shard<Q: Hash + ?Sized>(&self, key: &Q) -> MutexGuard<'_, Generations<K, V>> {
@@ -86,12 +120,13 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
         Q: Hash + Eq + ?Sized,
     {
         let mut shard = self.shard(key);
-        if let Some(value) = shard.current.get(key) {
+        if let Some((value, _)) = shard.current.get(key) {
             return Some(value.clone());
         }
-        let (key, value) = shard.previous.remove_entry(key)?;
+        let (key, (value, weight)) = shard.previous.remove_entry(key)?;
+        shard.previous_weight -= weight;
         let found = value.clone();
-        let dropped = shard.put(key, value, self.half);
+        let dropped = shard.put(key, value, weight, self.half, self.half_budget);
         drop(shard);
         drop(dropped);
         Some(found)
@@ -109,32 +144,46 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
             .current
             .get(key)
             .or_else(|| shard.previous.get(key))
-            .cloned()
+            .map(|(value, _)| value.clone())
     }
 
-    /// Keeps `value` at `key`, counted as just used.
+    /// Keeps `value` at `key`, counted as just used (or, when it weighs
+    /// more than a generation's share of the budget, keeps nothing there).
     pub fn insert(&self, key: K, value: V) {
+        let weight = (self.weigh)(&value);
         let mut shard = self.shard(&key);
-        shard.previous.remove(&key);
-        let dropped = shard.put(key, value, self.half);
-        // The generation dropped, if any, is freed outside the lock.
+        let old = shard.take(&key, false);
+        let dropped = if weight > self.half_budget {
+            Err((shard.take(&key, true), value))
+        } else {
+            Ok(shard.put(key, value, weight, self.half, self.half_budget))
+        };
+        // What was dropped, if anything, is freed outside the lock.
         drop(shard);
-        drop(dropped);
+        drop((old, dropped));
     }
 
     /// Replaces the entry at `key` with `value` if there is one (removes it
     /// for `None`), without counting it as used: for a writer keeping what
     /// readers hold fresh, without making room for what they do not read.
+    ///
+    /// A new value that would take its generation over its share of the
+    /// budget removes the entry instead.
     pub fn refresh(&self, key: &K, value: Option<V>) {
+        let weight = value.as_ref().map(|v| (self.weigh)(v));
         let mut shard = self.shard(key);
-        let generations = &mut *shard;
-        let old = [&mut generations.current, &mut generations.previous]
-            .into_iter()
-            .find(|map| map.contains_key(key))
-            .and_then(|map| match value {
-                Some(value) => map.get_mut(key).map(|slot| std::mem::replace(slot, value)),
-                None => map.remove(key),
-            });
+        let in_current = shard.current.contains_key(key);
+        let (map, sum) = shard.generation(in_current);
+        let old = match (map.get_mut(key), value, weight) {
+            (Some(slot), Some(value), Some(weight))
+                if *sum - slot.1 + weight <= self.half_budget =>
+            {
+                *sum = *sum - slot.1 + weight;
+                Some(std::mem::replace(slot, (value, weight)))
+            }
+            (Some(_), _, _) => map.remove(key).inspect(|(_, w)| *sum -= w),
+            (None, _, _) => None,
+        };
         drop(shard);
         drop(old);
     }
@@ -146,8 +195,8 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
         Q: Hash + Eq + ?Sized,
     {
         let mut shard = self.shard(key);
-        let current = shard.current.remove(key);
-        let previous = shard.previous.remove(key);
+        let current = shard.take(key, true);
+        let previous = shard.take(key, false);
         drop(shard);
         drop((current, previous));
     }
@@ -158,6 +207,8 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
             let current = std::mem::take(&mut shard.current);
             let previous = std::mem::take(&mut shard.previous);
+            shard.current_weight = 0;
+            shard.previous_weight = 0;
             drop(shard);
             drop((current, previous));
         }
@@ -192,21 +243,77 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// What the entries held now weigh together.
+    pub fn weight(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                s.current_weight + s.previous_weight
+            })
+            .sum()
+    }
 }
 
 impl<K: Hash + Eq, V> Generations<K, V> {
-    /// Puts `key` in the current generation (not in the previous one),
-    /// turning generations over when the current one is full; returns the
+    /// Puts `key` (not in the previous generation, and weighing at most
+    /// `half_budget`) in the current generation, turning generations over
+    /// when the current one is full, by count or by weight; returns the
     /// generation dropped, for the caller to free outside the lock.
-    fn put(&mut self, key: K, value: V, half: usize) -> Option<HashMap<K, V, RandomState>> {
+    fn put(
+        &mut self,
+        key: K,
+        value: V,
+        weight: usize,
+        half: usize,
+        half_budget: usize,
+    ) -> Dropped<K, V> {
+        let replaced = self.current.get(&key).map(|(_, w)| *w);
+        let full = match replaced {
+            Some(old) => self.current_weight - old + weight > half_budget,
+            None => self.current.len() >= half || self.current_weight + weight > half_budget,
+        };
         let mut dropped = None;
-        if self.current.len() >= half && !self.current.contains_key(&key) {
+        if full {
+            // The old entry, if any, goes with the rest of its generation.
             let hasher = self.current.hasher().clone();
             let full = std::mem::replace(&mut self.current, HashMap::with_hasher(hasher));
             dropped = Some(std::mem::replace(&mut self.previous, full));
+            self.previous_weight = std::mem::take(&mut self.current_weight);
+            if let Some((_, w)) = self.previous.remove(&key) {
+                self.previous_weight -= w;
+            }
+        } else {
+            self.current_weight -= replaced.unwrap_or(0);
         }
-        self.current.insert(key, value);
+        self.current_weight += weight;
+        self.current.insert(key, (value, weight));
         dropped
+    }
+
+    /// A generation and its weight: the current one, or the previous one.
+    fn generation(
+        &mut self,
+        current: bool,
+    ) -> (&mut HashMap<K, (V, usize), RandomState>, &mut usize) {
+        if current {
+            (&mut self.current, &mut self.current_weight)
+        } else {
+            (&mut self.previous, &mut self.previous_weight)
+        }
+    }
+
+    /// Removes `key` from the current (or the previous) generation.
+    fn take<Q>(&mut self, key: &Q, current: bool) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let (map, sum) = self.generation(current);
+        let (value, weight) = map.remove(key)?;
+        *sum -= weight;
+        Some(value)
     }
 }
 
@@ -266,15 +373,74 @@ mod tests {
         assert_eq!(cache.get(&1), None);
     }
 
+    /// The weights the shards hold, summed from their entries.
+    fn weights_held<K, V>(cache: &Recent<K, V>) -> usize {
+        cache
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap();
+                let sum = |m: &HashMap<K, (V, usize), RandomState>| m.values().map(|e| e.1).sum();
+                let (current, previous): (usize, usize) = (sum(&s.current), sum(&s.previous));
+                assert_eq!(current, s.current_weight, "current generation's weight");
+                assert_eq!(previous, s.previous_weight, "previous generation's weight");
+                current + previous
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_value_heavier_than_its_share_of_the_budget_is_not_kept() {
+        // 32 generations of 1,000 bytes each.
+        let cache: Recent<&str, Vec<u8>> = Recent::with_budget(1024, 32_000, Vec::len);
+        assert_eq!(cache.budget(), 32_000);
+        cache.insert("small", vec![0; 1000]);
+        assert_eq!(cache.get("small").map(|v| v.len()), Some(1000));
+        // Too heavy: not kept, and the lighter value it replaces is gone
+        // too (a read must not find the old one).
+        cache.insert("small", vec![0; 1001]);
+        assert_eq!(cache.get("small"), None);
+        assert_eq!(cache.weight(), 0);
+        cache.insert("small", vec![0; 10]);
+        cache.refresh(&"small", Some(vec![0; 5000]));
+        assert_eq!(cache.get("small"), None, "a refresh too heavy removes");
+        assert_eq!(weights_held(&cache), 0);
+    }
+
+    #[test]
+    fn a_generation_turns_over_at_its_share_of_the_budget_before_its_count() {
+        let cache: Recent<u32, Vec<u8>> = Recent::with_budget(1 << 20, 32 * 1000, Vec::len);
+        let shard_of = |k: &u32| (cache.hasher.hash_one(k) as usize) & (SHARDS - 1);
+        let keys: Vec<u32> = (0..10_000).filter(|k| shard_of(k) == 0).take(4).collect();
+        let [a, b, c, d] = keys[..] else {
+            panic!("four keys of shard 0")
+        };
+        cache.insert(a, vec![0; 400]);
+        cache.insert(b, vec![0; 400]);
+        // 1,200 bytes would pass the generation's 1,000: a and b become
+        // the previous generation.
+        cache.insert(c, vec![0; 400]);
+        assert_eq!(weights_held(&cache), 1200);
+        // Again: a and b are dropped whole.
+        cache.insert(d, vec![0; 700]);
+        assert_eq!(cache.peek(&a), None);
+        assert_eq!(cache.peek(&b), None);
+        assert!(cache.peek(&c).is_some() && cache.peek(&d).is_some());
+        assert_eq!(weights_held(&cache), 1100);
+    }
+
     proptest! {
-        /// Whatever the calls, it never holds more than its capacity, and
-        /// what it answers is the last value kept at the key.
+        /// Whatever the calls, it never holds more than its capacity, nor
+        /// weighs more than its budget, and what it answers is the last
+        /// value kept at the key.
         #[test]
         fn bounded_and_never_stale(
             capacity in 1usize..200,
+            budget in prop_oneof![Just(usize::MAX), 0usize..20_000],
             calls in proptest::collection::vec((0u8..4, 0u16..500, any::<u32>()), 1..2000),
         ) {
-            let cache: Recent<u16, u32> = Recent::new(capacity);
+            let cache: Recent<u16, u32> =
+                Recent::with_budget(capacity, budget, |v| (*v % 1000) as usize);
             let mut last: HashMap<u16, u32> = HashMap::new();
             for (op, key, value) in calls {
                 match op {
@@ -296,6 +462,9 @@ mod tests {
                     _ => { cache.invalidate(&key); last.remove(&key); }
                 }
                 prop_assert!(cache.len() <= cache.capacity());
+                let held = weights_held(&cache);
+                prop_assert_eq!(held, cache.weight());
+                prop_assert!(held <= cache.budget());
             }
             prop_assert!(cache.capacity() <= capacity.max(2 * SHARDS) + 2 * SHARDS);
         }

@@ -38,6 +38,7 @@ use trainhub_api::constants;
 use trainhub_api::trainer::TrainJob;
 use trainhub_apiserver::admission::{Admission, Operation, Outcome, Request};
 use trainhub_apiserver::field::FieldError;
+use trainhub_apiserver::limits::encoded_weight;
 use trainhub_apiserver::recent::Recent;
 use trainhub_apiserver::status::ApiError;
 use trainhub_apiserver::store::{Key, Object, Op, Rv, Store};
@@ -256,6 +257,11 @@ fn compile(
     Schema::compile(schema).map_err(|source| SchemasError::Rule { crd, source })
 }
 
+/// What each cache of parsed runtimes may weigh (their size as JSON):
+/// TrainingRuntimes are a tenant's to write, as large as an object may be,
+/// so a count alone does not bound these caches.
+const RUNTIMES_BYTES: usize = 32 << 20;
+
 /// Admission for trainjobs, trainingruntimes and clustertrainingruntimes.
 /// Other resources pass unchanged.
 pub struct TrainerAdmission {
@@ -297,9 +303,9 @@ impl TrainerAdmission {
             plugins,
             schemas: Schemas::get()?,
             clock: Box::new(SystemTime::now),
-            runtimes: Recent::new(1024),
-            snapshots: Recent::new(1024),
-            snapshot_runtimes: Recent::new(256),
+            runtimes: Recent::with_budget(1024, RUNTIMES_BYTES, encoded_weight),
+            snapshots: Recent::with_budget(1024, RUNTIMES_BYTES, |p| encoded_weight(&p.runtime)),
+            snapshot_runtimes: Recent::with_budget(256, RUNTIMES_BYTES, encoded_weight),
             version_names: Recent::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
                 .iter()

@@ -49,6 +49,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use trainhub_api::constants::{CONDITION_COMPLETE, CONDITION_FAILED, LABEL_JOBSET_NAME};
 use trainhub_api::trainer::TrainJob;
+use trainhub_apiserver::limits::encoded_weight;
 use trainhub_apiserver::recent::Recent;
 use trainhub_apiserver::store::{Key, Op, Store};
 use trainhub_plugin_sdk as sdk;
@@ -90,6 +91,26 @@ const DEMAND_KEPT: usize = 65_536;
 /// Typed TrainJobs kept (see `Dispatch::typed`): 6 to 7 KiB each, a
 /// bounded cost whatever the number of TrainJobs.
 const TYPED_KEPT: usize = 1024;
+/// What the typed TrainJobs kept, and the enforced runtime infos kept,
+/// may weigh each (their size as JSON): tenants choose how large their
+/// TrainJobs are, so a count alone does not bound these caches. One over
+/// 1/32 of this is made again when it is needed.
+const TYPED_BYTES: usize = 16 << 20;
+/// What the pod sets kept may weigh (see [`demand_weight`]).
+const DEMAND_BYTES: usize = 32 << 20;
+
+/// The weight of a TrainJob's pod sets in [`Dispatch::demand`]: about the
+/// bytes they hold.
+fn demand_weight(sets: &Arc<[PodSetDemand]>) -> usize {
+    sets.iter()
+        .map(|set| {
+            64 + set.name.len()
+                + (set.requests_milli.keys())
+                    .map(|name| 48 + name.len())
+                    .sum::<usize>()
+        })
+        .sum()
+}
 
 /// The finalizer a TrainJob gets with its first placement: a deleted
 /// TrainJob stays (with `deletionTimestamp`) until its run is stopped on
@@ -377,12 +398,16 @@ impl Dispatch {
             sessions: Mutex::new(HashMap::new()),
             next_id: std::sync::atomic::AtomicU64::new(1),
             logs: Mutex::new(HashMap::new()),
-            demand: Recent::new(DEMAND_KEPT),
-            enforced: Recent::new(ENFORCED_KEPT),
+            demand: Recent::with_budget(DEMAND_KEPT, DEMAND_BYTES, demand_weight),
+            enforced: Recent::with_budget(
+                ENFORCED_KEPT,
+                TYPED_BYTES,
+                crate::plugins::Weigh::weight,
+            ),
             pods: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             statuses: Mutex::new(HashMap::new()),
-            typed: Recent::new(TYPED_KEPT),
+            typed: Recent::with_budget(TYPED_KEPT, TYPED_BYTES, encoded_weight),
             deferred: Mutex::new(HashMap::new()),
             writer,
             writer_rx: Mutex::new(Some(writer_rx)),

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use trainhub_plugin_sdk::FieldError;
 
+pub use convert::Weigh;
 pub use host::{Host, HostConfig, Limits, LoadedPlugin};
 pub use pipeline::{Pipeline, PipelineError, Rendered};
 pub use registry::{Loading, Registry, Snapshot};

@@ -6,7 +6,10 @@
 //! decoded objects keeps the reads of hot objects from decoding again (an
 //! object enters it when it is read, and writes keep it fresh there, so
 //! objects written and never read, such as Events, do not push the others
-//! out). A decoded value carries
+//! out). That cache is bounded by the bytes its objects were decoded from
+//! as well as by their count, and an object over 1/32 of its budget is
+//! decoded on each read: a tenant storing large objects of many tiny
+//! fields cannot make it hold gigabytes of trees. A decoded value carries
 //! `metadata.resourceVersion` stamped from the entry's revision, so what is
 //! encoded need not hold it (etcd's values do not).
 
@@ -29,6 +32,15 @@ const LIVE_BUFFER: usize = 65_536;
 /// Decoded objects kept for reads, least recently used evicted first
 /// (see [`Recent`]): what was just written is what is read next.
 const DECODED: usize = 1024;
+/// The most bytes of JSON the decoded objects kept may have been decoded
+/// from, together: a count alone does not bound them, as an object may
+/// be up to 3 MiB and its tree many times that. An object over 1/32 of
+/// this (512 KiB) is decoded on every read instead.
+const DECODED_BYTES: usize = 16 << 20;
+
+/// A decoded object as the cache of them keeps it: with its revision,
+/// and weighed by the size of the JSON it was decoded from.
+type Decoded = (Rv, Arc<Value>, usize);
 
 /// An object as the cache holds it.
 #[derive(Debug, Clone)]
@@ -66,7 +78,7 @@ struct State {
 pub(crate) struct Cache {
     state: RwLock<State>,
     history_cap: usize,
-    decoded: Recent<Key, (Rv, Arc<Value>)>,
+    decoded: Recent<Key, Decoded>,
     /// Resources whose written objects go into `decoded` as they are
     /// written ([`Cache::keep_written`]); others only refresh an entry a
     /// read made.
@@ -98,7 +110,7 @@ impl Cache {
                 live,
             }),
             history_cap: history_cap.max(1),
-            decoded: Recent::new(DECODED),
+            decoded: Recent::with_budget(DECODED, DECODED_BYTES, |d| d.2),
             kept: RwLock::new(Vec::new()),
             seen: tokio::sync::watch::Sender::new(rv),
         }
@@ -158,7 +170,8 @@ impl Cache {
                     // Kept fresh where it was read before; an object
                     // nobody reads (an Event, a pod shown) does not push
                     // out those that are.
-                    let value = change.value.as_ref().map(|v| (change.rv, v.clone()));
+                    let size = change.bytes.len();
+                    let value = change.value.as_ref().map(|v| (change.rv, v.clone(), size));
                     match value {
                         Some(value) if kept.contains(&change.key.resource) => {
                             self.decoded.insert(change.key.clone(), value)
@@ -264,7 +277,7 @@ impl Cache {
     }
 
     fn object(&self, key: &Key, stored: Stored) -> Option<Object> {
-        if let Some((rv, value)) = self.decoded.get(key)
+        if let Some((rv, value, _)) = self.decoded.get(key)
             && rv == stored.rv
         {
             return Some(Object {
@@ -274,8 +287,10 @@ impl Cache {
             });
         }
         let object = decode(key, stored.rv, &stored.bytes)?;
-        self.decoded
-            .insert(key.clone(), (object.rv, object.value.clone()));
+        self.decoded.insert(
+            key.clone(),
+            (object.rv, object.value.clone(), stored.bytes.len()),
+        );
         Some(object)
     }
 
@@ -298,7 +313,7 @@ impl Cache {
                 // Lists decode without filling the hot cache: a list of
                 // every object would only evict the objects in use.
                 match self.decoded.peek(&k) {
-                    Some((rv, value)) if rv == stored.rv => Some(Object { key: k, rv, value }),
+                    Some((rv, value, _)) if rv == stored.rv => Some(Object { key: k, rv, value }),
                     _ => decode(&k, stored.rv, &stored.bytes),
                 }
             })
@@ -636,6 +651,33 @@ mod tests {
         let again = read("q", "a");
         assert!(Arc::ptr_eq(&again, &newer_value));
         assert_eq!(again["metadata"]["resourceVersion"], "2");
+    }
+
+    #[test]
+    fn an_object_too_large_for_the_decoded_cache_is_decoded_on_each_read() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        cache.keep_written("r");
+        // Many tiny fields: a tree many times its JSON's size.
+        let big: serde_json::Map<String, Value> = (0..DECODED_BYTES / 32 / 8)
+            .map(|i| (format!("f{i}"), Value::from(0)))
+            .collect();
+        let mut large = change(EventType::Added, "large", 1, 1);
+        let value = serde_json::json!({"metadata": {"name": "large"}, "spec": big});
+        large.bytes = serde_json::to_vec(&value).expect("encodes").into();
+        assert!(large.bytes.len() > DECODED_BYTES / 32);
+        large.value = Some(decode(&large.key, 1, &large.bytes).expect("decodes").value);
+        let small = change(EventType::Added, "small", 1, 1);
+        cache.apply(vec![large, small], 1);
+        let read = |name: &str| cache.get(&Key::new("r", Some("ns"), name)).expect("stored");
+        let (first, second) = (read("large"), read("large"));
+        assert_eq!(first.value, second.value);
+        assert!(
+            !Arc::ptr_eq(&first.value, &second.value),
+            "not kept: each read decodes it"
+        );
+        assert!(Arc::ptr_eq(&read("small").value, &read("small").value));
+        assert!(cache.decoded.weight() <= DECODED_BYTES);
+        assert_eq!(cache.decoded.len(), 1);
     }
 
     #[tokio::test]
