@@ -459,7 +459,7 @@ impl TrainerAdmission {
         outcome: &mut Outcome,
     ) -> Result<Vec<FieldError>, ApiError> {
         let warnings = &mut outcome.warnings;
-        let job: TrainJob = serde_json::from_value(object.clone()).map_err(|e| {
+        let job = crate::plugins::plugin_trainjob(object).map_err(|e| {
             ApiError::bad_request(format!(
                 "TrainJob {:?} cannot be decoded: {e}",
                 request.name
@@ -707,6 +707,11 @@ impl TrainerAdmission {
             )
         };
         let mut value = stored.value.as_ref().clone();
+        // Not the plugins' to read (see `plugins::plugin_trainjob`), and
+        // every validate call would carry it.
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
         if let Some(map) = value.as_object_mut() {
             map.entry("apiVersion")
                 .or_insert_with(|| format!("{}/v1alpha1", constants::TRAINER_GROUP).into());

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde::Deserialize as _;
 use serde_json::Value;
 use trainhub_api::constants::CONDITION_FAILED;
 use trainhub_api::trainer::TrainJob;
@@ -247,7 +246,7 @@ impl Dispatch {
             Some(job) => job,
             None => {
                 // From the borrowed tree: no copy of it to consume.
-                let job = TrainJob::deserialize(object)
+                let job = crate::plugins::plugin_trainjob(object)
                     .map_err(|e| format!("the stored TrainJob cannot be read: {e}"))?;
                 let job = Arc::new(job);
                 self.typed.insert(cache_key, job.clone());

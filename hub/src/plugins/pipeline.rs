@@ -481,6 +481,21 @@ fn pod_group_source(policy: &PodGroupPolicy) -> Option<&'static str> {
     }
 }
 
+/// The stored TrainJob `object` as the plugins are given it: typed, and
+/// without `metadata.managedFields` (the API server's record of who set
+/// which field, a quarter of a typical TrainJob's JSON, which no phase
+/// reads; each plugin call would serialise it and the plugin parse it).
+///
+/// # Errors
+///
+/// The object is not a TrainJob.
+pub fn plugin_trainjob(object: &serde_json::Value) -> Result<TrainJob, serde_json::Error> {
+    use serde::Deserialize as _;
+    let mut job = TrainJob::deserialize(object)?;
+    job.metadata.managed_fields = None;
+    Ok(job)
+}
+
 fn to_json<T: serde::Serialize>(what: &'static str, value: &T) -> Result<String, PipelineError> {
     serde_json::to_string(value).map_err(|e| PipelineError::Serialize {
         what,
@@ -511,4 +526,40 @@ fn check_object(plugin: &PluginId, raw: &str) -> Result<serde_json::Value, Plugi
         }
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn plugins_are_given_a_trainjob_without_its_managed_fields() {
+        let object = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {
+                "name": "j", "namespace": "ns", "uid": "u1",
+                "labels": {"team": "a"},
+                "annotations": {"note": "kept"},
+                "managedFields": [{
+                    "manager": "kubectl", "operation": "Update",
+                    "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:runtimeRef": {}}},
+                }],
+            },
+            "spec": {"runtimeRef": {"name": "torch-distributed"}},
+        });
+        let job = super::plugin_trainjob(&object).expect("a TrainJob");
+        assert_eq!(job.metadata.managed_fields, None);
+        assert_eq!(job.metadata.uid.as_deref(), Some("u1"));
+        let seen = serde_json::to_value(&job).expect("serialises");
+        assert!(seen["metadata"].get("managedFields").is_none());
+        assert_eq!(seen["metadata"]["labels"], object["metadata"]["labels"]);
+        assert_eq!(
+            seen["metadata"]["annotations"],
+            object["metadata"]["annotations"]
+        );
+        assert_eq!(seen["spec"]["runtimeRef"]["name"], "torch-distributed");
+        assert!(super::plugin_trainjob(&json!({"spec": 1})).is_err());
+    }
 }
