@@ -707,10 +707,15 @@ impl TrainerAdmission {
             )
         };
         let mut value = stored.value.as_ref().clone();
-        // Not the plugins' to read (see `plugins::plugin_trainjob`), and
-        // every validate call would carry it.
+        // Bookkeeping not the plugins' to read (see
+        // `plugins::plugin_trainjob`), which every validate call would
+        // carry: for a runtime installed with `kubectl apply`, a second
+        // copy of it.
         if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.remove("managedFields");
+            if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                annotations.remove(crate::plugins::LAST_APPLIED);
+            }
         }
         if let Some(map) = value.as_object_mut() {
             map.entry("apiVersion")

@@ -16,7 +16,7 @@ use trainhub_plugin_sdk::FieldError;
 
 pub use convert::Weigh;
 pub use host::{Host, HostConfig, Limits, LoadedPlugin};
-pub use pipeline::{Pipeline, PipelineError, Rendered, plugin_trainjob};
+pub use pipeline::{LAST_APPLIED, Pipeline, PipelineError, Rendered, plugin_trainjob};
 pub use registry::{Loading, Registry, Snapshot};
 
 /// A plugin as errors name it: its name (or file, before it has described

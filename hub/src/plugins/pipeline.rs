@@ -482,9 +482,11 @@ fn pod_group_source(policy: &PodGroupPolicy) -> Option<&'static str> {
 }
 
 /// The stored TrainJob `object` as the plugins are given it: typed, and
-/// without `metadata.managedFields` (the API server's record of who set
-/// which field, a quarter of a typical TrainJob's JSON, which no phase
-/// reads; each plugin call would serialise it and the plugin parse it).
+/// without the clients' and the API server's bookkeeping, which no phase
+/// reads and each plugin call would serialise and the plugin parse again:
+/// `metadata.managedFields` (who set which field, a quarter of a typical
+/// TrainJob's JSON) and kubectl's `last-applied-configuration` annotation
+/// (a copy of the whole manifest, for those who `kubectl apply`).
 ///
 /// # Errors
 ///
@@ -493,8 +495,14 @@ pub fn plugin_trainjob(object: &serde_json::Value) -> Result<TrainJob, serde_jso
     use serde::Deserialize as _;
     let mut job = TrainJob::deserialize(object)?;
     job.metadata.managed_fields = None;
+    if let Some(annotations) = job.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
     Ok(job)
 }
+
+/// The annotation `kubectl apply` keeps its last manifest in.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 fn to_json<T: serde::Serialize>(what: &'static str, value: &T) -> Result<String, PipelineError> {
     serde_json::to_string(value).map_err(|e| PipelineError::Serialize {
@@ -533,14 +541,17 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn plugins_are_given_a_trainjob_without_its_managed_fields() {
+    fn plugins_are_given_a_trainjob_without_its_managed_fields_or_last_applied_manifest() {
         let object = json!({
             "apiVersion": "trainer.kubeflow.org/v1alpha1",
             "kind": "TrainJob",
             "metadata": {
                 "name": "j", "namespace": "ns", "uid": "u1",
                 "labels": {"team": "a"},
-                "annotations": {"note": "kept"},
+                "annotations": {
+                    "note": "kept",
+                    "kubectl.kubernetes.io/last-applied-configuration": "{\"kind\":\"TrainJob\"}",
+                },
                 "managedFields": [{
                     "manager": "kubectl", "operation": "Update",
                     "apiVersion": "trainer.kubeflow.org/v1alpha1",
@@ -555,10 +566,7 @@ mod tests {
         let seen = serde_json::to_value(&job).expect("serialises");
         assert!(seen["metadata"].get("managedFields").is_none());
         assert_eq!(seen["metadata"]["labels"], object["metadata"]["labels"]);
-        assert_eq!(
-            seen["metadata"]["annotations"],
-            object["metadata"]["annotations"]
-        );
+        assert_eq!(seen["metadata"]["annotations"], json!({"note": "kept"}));
         assert_eq!(seen["spec"]["runtimeRef"]["name"], "torch-distributed");
         assert!(super::plugin_trainjob(&json!({"spec": 1})).is_err());
     }

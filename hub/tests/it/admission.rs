@@ -920,6 +920,42 @@ async fn an_overloaded_plugin_host_answers_429_with_retry_after() {
     }
 }
 
+/// What a TrainJob's runtime is kept as (and the plugins are given) leaves
+/// out the bookkeeping of clients and the API server: a runtime installed
+/// with `kubectl apply` carries a copy of itself in an annotation, and
+/// `managedFields` mirror its fields.
+#[tokio::test]
+async fn a_runtime_is_kept_without_managed_fields_or_its_last_applied_copy() {
+    use trainhub_apiserver::store::Op;
+    let host = host();
+    let builtins = trainhub::builtin::load(&host).expect("built-ins load");
+    let hub = Hub::with_plugins(Arc::new(Registry::new(host, builtins, None)));
+    let mut runtime = torch_runtime();
+    let copy = runtime.to_string();
+    runtime["metadata"]["annotations"] = json!({
+        "kubectl.kubernetes.io/last-applied-configuration": copy,
+        "team": "ml",
+    });
+    runtime["metadata"]["managedFields"] = json!([{
+        "manager": "kubectl-client-side-apply", "operation": "Update",
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:mlPolicy": {}}},
+    }]);
+    hub.apply(&runtime).await;
+    let mut example = load(&upstream_dir().join("01-multi-node.yaml")).remove(0);
+    example["metadata"]["uid"] = json!("3b1f0c9e-0000-4000-8000-00000000000a");
+    let (_, outcome) = hub
+        .admit_with(Operation::Create, None, &example, None)
+        .unwrap();
+    let Some(Op::Put { value: version, .. }) = outcome.also.first() else {
+        panic!("expected the runtime version, got {:?}", outcome.also);
+    };
+    let meta = &version["runtime"]["metadata"];
+    assert_eq!(meta["name"], "torch-distributed");
+    assert!(meta.get("managedFields").is_none(), "{meta}");
+    assert_eq!(meta["annotations"], json!({"team": "ml"}));
+}
+
 /// A TrainJob's create keeps, in the same transaction, the runtime and the
 /// plugins (names and digests) it was admitted with: the runtime once per
 /// version (written by the first create that needs it), the snapshot per
