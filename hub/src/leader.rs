@@ -24,10 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
-use trainhub_apiserver::store::{
-    CommitFuture, Key, Object, Op, RawListFuture, ReturningFuture, Rv, Store, StoreError, Term,
-    Watch,
-};
+use trainhub_apiserver::store::{CommitFuture, Op, ReturningFuture, Store, StoreError, Term};
 
 /// A replica's address book entry, the value it campaigns with: who it is
 /// and where its API and its spokes' gRPC endpoint are reached.
@@ -464,21 +461,7 @@ impl TermStore {
 }
 
 impl Store for TermStore {
-    fn get(&self, key: &Key) -> Option<Object> {
-        self.inner.get(key)
-    }
-
-    fn revision_of(&self, key: &Key) -> Option<Rv> {
-        self.inner.revision_of(key)
-    }
-
-    fn keep_written(&self, resource: &str) {
-        self.inner.keep_written(resource);
-    }
-
-    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
-        self.inner.list(resource, namespace)
-    }
+    trainhub_apiserver::forward_store_reads!(inner);
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
         let commit = self.commit_or_return(ops);
@@ -513,29 +496,6 @@ impl Store for TermStore {
             }
             result
         })
-    }
-
-    fn watch(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        since: Option<Rv>,
-    ) -> Result<Watch, StoreError> {
-        self.inner.watch(resource, namespace, since)
-    }
-
-    fn revision(&self) -> Rv {
-        self.inner.revision()
-    }
-
-    fn list_raw(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        after: Option<(&str, &str)>,
-        at: Option<Rv>,
-    ) -> RawListFuture<'_> {
-        self.inner.list_raw(resource, namespace, after, at)
     }
 
     fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {

@@ -1106,22 +1106,8 @@ struct Racing {
 }
 
 impl trainhub_apiserver::store::Store for Racing {
-    fn get(
-        &self,
-        key: &trainhub_apiserver::store::Key,
-    ) -> Option<trainhub_apiserver::store::Object> {
-        self.inner.get(key)
-    }
-    fn list(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-    ) -> (
-        Vec<trainhub_apiserver::store::Object>,
-        trainhub_apiserver::store::Rv,
-    ) {
-        self.inner.list(resource, namespace)
-    }
+    trainhub_apiserver::forward_store_reads!(inner);
+
     fn commit(
         &self,
         ops: Vec<trainhub_apiserver::store::Op>,
@@ -1152,26 +1138,6 @@ impl trainhub_apiserver::store::Store for Racing {
             }
             self.inner.commit(ops).await
         })
-    }
-    fn watch(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        since: Option<trainhub_apiserver::store::Rv>,
-    ) -> Result<trainhub_apiserver::store::Watch, trainhub_apiserver::store::StoreError> {
-        self.inner.watch(resource, namespace, since)
-    }
-    fn revision(&self) -> trainhub_apiserver::store::Rv {
-        self.inner.revision()
-    }
-    fn list_raw(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        after: Option<(&str, &str)>,
-        at: Option<trainhub_apiserver::store::Rv>,
-    ) -> trainhub_apiserver::store::RawListFuture<'_> {
-        self.inner.list_raw(resource, namespace, after, at)
     }
     fn fenced(
         self: Arc<Self>,

@@ -1137,21 +1137,7 @@ struct Fenced {
 }
 
 impl Store for Fenced {
-    fn get(&self, key: &Key) -> Option<Object> {
-        self.store.get(key)
-    }
-
-    fn revision_of(&self, key: &Key) -> Option<Rv> {
-        self.store.revision_of(key)
-    }
-
-    fn keep_written(&self, resource: &str) {
-        self.store.keep_written(resource);
-    }
-
-    fn list(&self, resource: &str, namespace: Option<&str>) -> (Vec<Object>, Rv) {
-        self.store.list(resource, namespace)
-    }
+    crate::forward_store_reads!(store);
 
     fn commit(&self, ops: Vec<Op>) -> CommitFuture<'_> {
         Box::pin(async move {
@@ -1164,29 +1150,6 @@ impl Store for Fenced {
 
     fn commit_or_return(&self, ops: Vec<Op>) -> ReturningFuture<'_> {
         Box::pin(self.store.commit_in(ops, Some(&self.term)))
-    }
-
-    fn watch(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        since: Option<Rv>,
-    ) -> Result<Watch, StoreError> {
-        self.store.watch(resource, namespace, since)
-    }
-
-    fn revision(&self) -> Rv {
-        self.store.revision()
-    }
-
-    fn list_raw(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        after: Option<(&str, &str)>,
-        at: Option<Rv>,
-    ) -> RawListFuture<'_> {
-        self.store.list_raw(resource, namespace, after, at)
     }
 
     fn fenced(self: Arc<Self>, term: Term) -> Arc<dyn Store> {

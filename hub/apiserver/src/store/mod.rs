@@ -372,6 +372,59 @@ fn matches_scope(key: &Key, resource: &str, namespace: Option<&str>) -> bool {
     key.resource == resource && namespace.is_none_or(|ns| key.namespace == ns)
 }
 
+/// Implements the reads of [`Store`] (everything but `commit`,
+/// `commit_or_return` and `fenced`) by calling the same methods on the
+/// store in field `$inner`: for a store that wraps another and changes only
+/// how it writes (a leadership term's fence, retries). Written inside the
+/// wrapper's `impl Store`.
+#[macro_export]
+macro_rules! forward_store_reads {
+    ($inner:ident) => {
+        fn get(&self, key: &$crate::store::Key) -> Option<$crate::store::Object> {
+            $crate::store::Store::get(&*self.$inner, key)
+        }
+
+        fn revision_of(&self, key: &$crate::store::Key) -> Option<$crate::store::Rv> {
+            $crate::store::Store::revision_of(&*self.$inner, key)
+        }
+
+        fn keep_written(&self, resource: &str) {
+            $crate::store::Store::keep_written(&*self.$inner, resource)
+        }
+
+        fn list(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+        ) -> (Vec<$crate::store::Object>, $crate::store::Rv) {
+            $crate::store::Store::list(&*self.$inner, resource, namespace)
+        }
+
+        fn watch(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+            since: Option<$crate::store::Rv>,
+        ) -> Result<$crate::store::Watch, $crate::store::StoreError> {
+            $crate::store::Store::watch(&*self.$inner, resource, namespace, since)
+        }
+
+        fn revision(&self) -> $crate::store::Rv {
+            $crate::store::Store::revision(&*self.$inner)
+        }
+
+        fn list_raw(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+            after: Option<(&str, &str)>,
+            at: Option<$crate::store::Rv>,
+        ) -> $crate::store::RawListFuture<'_> {
+            $crate::store::Store::list_raw(&*self.$inner, resource, namespace, after, at)
+        }
+    };
+}
+
 /// The hub's storage.
 pub trait Store: Send + Sync + 'static {
     fn get(&self, key: &Key) -> Option<Object>;
