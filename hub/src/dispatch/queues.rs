@@ -60,6 +60,38 @@ const QUOTA_RESOURCES: [&str; 6] = [
 /// allocatable, kept up to date as spokes come and go.
 pub const ANNOTATION_QUOTA_FROM_SPOKES: &str = "trainhub.kubeflow.org/quota-from-spokes";
 
+/// What the publisher reads of a TrainJob: who it is, its labels and its
+/// status. Parsed from the stored JSON without building the rest (its
+/// spec, annotations and managedFields are most of it), as the Workload
+/// of a TrainJob is written long after the TrainJob was last read.
+#[derive(serde::Deserialize)]
+struct Head {
+    metadata: HeadMeta,
+    #[serde(default)]
+    status: Value,
+}
+
+#[derive(serde::Deserialize)]
+struct HeadMeta {
+    name: String,
+    namespace: String,
+    uid: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// The TrainJob at `key` as [`Head`] reads it, as a JSON object of those
+/// fields alone; None when it is not stored (or is not a TrainJob).
+fn read_head(store: &dyn Store, key: &Key) -> Option<Value> {
+    let (_, bytes) = store.get_raw(key)?;
+    let head: Head = serde_json::from_slice(&bytes).ok()?;
+    let m = head.metadata;
+    Some(json!({
+        "metadata": {"name": m.name, "namespace": m.namespace, "uid": m.uid, "labels": m.labels},
+        "status": head.status,
+    }))
+}
+
 /// The label every namespace carries with its own name.
 const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
@@ -774,8 +806,8 @@ impl Dispatch {
         known: Option<Box<Known>>,
     ) -> Option<(String, Option<Box<Known>>)> {
         let trainjob_key = Key::new(TRAINJOBS, Some(&job.key.namespace), &job.key.name);
-        let trainjob = self.store.get(&trainjob_key)?;
-        if trainjob.value["metadata"]["uid"].as_str() != Some(job.uid.as_str()) {
+        let trainjob = read_head(self.store.as_ref(), &trainjob_key)?;
+        if trainjob["metadata"]["uid"].as_str() != Some(job.uid.as_str()) {
             return None;
         }
         let priority = Priority {
@@ -783,7 +815,7 @@ impl Dispatch {
             value: job.priority,
         };
         let mut wl = workload::workload_for(
-            &trainjob.value,
+            &trainjob,
             &job.pod_sets,
             &priority,
             &WorkloadStatus::default(),
@@ -813,7 +845,7 @@ impl Dispatch {
         let conds = conditions_for(job, eviction);
         let mut all = conds.clone();
         if job.want == Want::Finished {
-            let st = &trainjob.value["status"];
+            let st = &trainjob["status"];
             let failed = crate::controller::lifecycle::is_true(
                 st,
                 trainhub_api::constants::CONDITION_FAILED,
@@ -873,7 +905,7 @@ impl Dispatch {
             .then(|| Known::of(&wl).map(Box::new))
             .flatten();
         self.write(vec![Op::Put { key, value: wl }]);
-        self.mirror_conditions(job, &trainjob.value, &conds);
+        self.mirror_conditions(job, &trainjob, &conds);
         Some((name, known))
     }
 
@@ -974,6 +1006,45 @@ mod tests {
             "{}",
             far[0].3
         );
+    }
+
+    /// The publisher reads a TrainJob's identity, labels and status from
+    /// its stored JSON, and what the Workload and the mirrored conditions
+    /// are made from is what the whole TrainJob would give.
+    #[tokio::test]
+    async fn the_publisher_reads_of_a_trainjob_what_a_workload_is_made_from() {
+        use trainhub_apiserver::store::RedbStore;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = RedbStore::open(&dir.path().join("s.redb"), 100).expect("store");
+        let key = Key::new(TRAINJOBS, Some("team-a"), "mnist");
+        let trainjob = json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {
+                "name": "mnist", "namespace": "team-a", "uid": "u1",
+                "labels": {LABEL_QUEUE_NAME: "user-queue", "kueue.x-k8s.io/max-exec-time-seconds": "60"},
+                "annotations": {"note": "x"},
+                "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+            },
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 2}},
+            "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+        });
+        store
+            .commit(vec![Op::Create {
+                key: key.clone(),
+                value: trainjob.clone(),
+            }])
+            .await
+            .expect("stored");
+        let head = read_head(&store, &key).expect("read");
+        assert!(head.get("spec").is_none() && head["metadata"].get("managedFields").is_none());
+        assert_eq!(head["status"], trainjob["status"]);
+        let (demand, priority) = (Vec::new(), Priority::default());
+        let status = WorkloadStatus::default();
+        assert_eq!(
+            workload::workload_for(&head, &demand, &priority, &status),
+            workload::workload_for(&trainjob, &demand, &priority, &status)
+        );
+        assert!(read_head(&store, &Key::new(TRAINJOBS, Some("team-a"), "gone")).is_none());
     }
 
     /// What the publisher keeps of a Workload it wrote gives back the

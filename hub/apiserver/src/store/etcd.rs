@@ -1073,6 +1073,10 @@ impl Store for EtcdStore {
         self.cache.stored(key).map(|s| s.rv)
     }
 
+    fn get_raw(&self, key: &Key) -> Option<(Rv, Arc<[u8]>)> {
+        self.cache.stored(key).map(|s| (s.rv, s.bytes))
+    }
+
     fn keep_written(&self, resource: &str) {
         self.cache.keep_written(resource);
     }

@@ -388,6 +388,13 @@ macro_rules! forward_store_reads {
             $crate::store::Store::revision_of(&*self.$inner, key)
         }
 
+        fn get_raw(
+            &self,
+            key: &$crate::store::Key,
+        ) -> Option<($crate::store::Rv, std::sync::Arc<[u8]>)> {
+            $crate::store::Store::get_raw(&*self.$inner, key)
+        }
+
         fn keep_written(&self, resource: &str) {
             $crate::store::Store::keep_written(&*self.$inner, resource)
         }
@@ -434,6 +441,16 @@ pub trait Store: Send + Sync + 'static {
     /// object when that version is new to it).
     fn revision_of(&self, key: &Key) -> Option<Rv> {
         self.get(key).map(|o| o.rv)
+    }
+
+    /// The object at `key` as its stored JSON (which need not hold
+    /// `metadata.resourceVersion`) and its resourceVersion: for a reader
+    /// that wants a few fields of a large object and parses only those.
+    /// By default encoded from [`Store::get`].
+    fn get_raw(&self, key: &Key) -> Option<(Rv, Arc<[u8]>)> {
+        let object = self.get(key)?;
+        let bytes = serde_json::to_vec(&*object.value).ok()?;
+        Some((object.rv, bytes.into()))
     }
 
     /// Keeps the objects of `resource` decoded as they are written, for a
