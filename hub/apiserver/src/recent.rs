@@ -175,8 +175,10 @@ impl<K: Hash + Eq, V: Clone> Recent<K, V> {
         let in_current = shard.current.contains_key(key);
         let (map, sum) = shard.generation(in_current);
         let old = match (map.get_mut(key), value, weight) {
+            // (Each weight kept is at most `half_budget`, as is each sum,
+            // so this cannot overflow.)
             (Some(slot), Some(value), Some(weight))
-                if *sum - slot.1 + weight <= self.half_budget =>
+                if weight <= self.half_budget && *sum - slot.1 + weight <= self.half_budget =>
             {
                 *sum = *sum - slot.1 + weight;
                 Some(std::mem::replace(slot, (value, weight)))
@@ -405,6 +407,15 @@ mod tests {
         cache.refresh(&"small", Some(vec![0; 5000]));
         assert_eq!(cache.get("small"), None, "a refresh too heavy removes");
         assert_eq!(weights_held(&cache), 0);
+        // A weight at the limit of `usize` (a value that cannot be
+        // weighed) is refused by insert and refresh alike.
+        let unweighable: Recent<&str, usize> = Recent::with_budget(64, 32_000, |w| *w);
+        unweighable.insert("a", 10);
+        unweighable.refresh(&"a", Some(usize::MAX));
+        assert_eq!(unweighable.get("a"), None);
+        unweighable.insert("a", usize::MAX);
+        assert_eq!(unweighable.get("a"), None);
+        assert_eq!(weights_held(&unweighable), 0);
     }
 
     #[test]
