@@ -1,4 +1,5 @@
-//! Object and namespace names, validated as kube-apiserver validates them
+//! Object and namespace names, labels and annotations, validated as
+//! kube-apiserver validates them
 //! (`k8s.io/apimachinery/pkg/util/validation`): namespace names are
 //! DNS-1123 labels, object names DNS-1123 subdomains, with upstream's
 //! messages word for word.
@@ -78,9 +79,91 @@ pub fn validate_namespace(namespace: &str) -> Vec<FieldError> {
         .collect()
 }
 
+/// The most bytes an object's annotations may hold, keys and values
+/// together (kube-apiserver's `TotalAnnotationSizeLimitB`).
+pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+/// Field errors for `metadata.labels` and `metadata.annotations`, as
+/// kube-apiserver's `ValidateObjectMeta` reports them: a label key must be a
+/// qualified name and its value a label value; an annotation key a
+/// qualified name (checked lowercased, as upstream does), and all
+/// annotations together at most [`MAX_ANNOTATIONS_BYTES`].
+pub fn validate_labels_and_annotations(meta: &serde_json::Value) -> Vec<FieldError> {
+    use crate::selector::{label_value_errors, qualified_name_errors};
+    let mut errors = Vec::new();
+    if let Some(labels) = meta["labels"].as_object() {
+        for (key, value) in labels {
+            for reason in qualified_name_errors(key) {
+                errors.push(FieldError::invalid("metadata.labels", key.as_str(), reason));
+            }
+            if let Some(value) = value.as_str() {
+                for reason in label_value_errors(value) {
+                    errors.push(FieldError::invalid("metadata.labels", value, reason));
+                }
+            }
+        }
+    }
+    if let Some(annotations) = meta["annotations"].as_object() {
+        let mut size = 0usize;
+        for (key, value) in annotations {
+            for reason in qualified_name_errors(&key.to_lowercase()) {
+                errors.push(FieldError::invalid(
+                    "metadata.annotations",
+                    key.as_str(),
+                    reason,
+                ));
+            }
+            size = size
+                .saturating_add(key.len())
+                .saturating_add(value.as_str().map_or(0, str::len));
+        }
+        if size > MAX_ANNOTATIONS_BYTES {
+            errors.push(FieldError::new(
+                crate::field::ErrorType::TooLong,
+                "metadata.annotations",
+                None,
+                format!("may not be more than {MAX_ANNOTATIONS_BYTES} bytes"),
+            ));
+        }
+    }
+    errors
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_and_annotations_read_like_kube_apiserver() {
+        let ok = serde_json::json!({
+            "labels": {"app.kubernetes.io/name": "mnist", "team": "", "a_b.c-d": "v_1.2-3"},
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "Note": "any text at all"},
+        });
+        assert!(validate_labels_and_annotations(&ok).is_empty());
+        let bad = serde_json::json!({
+            "labels": {"bad key": "ok", "fine": "bad value!", "x/": "", &"k".repeat(64): ""},
+            "annotations": {"-no": "", "big": "x".repeat(MAX_ANNOTATIONS_BYTES)},
+        });
+        let errors: Vec<String> = validate_labels_and_annotations(&bad)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                "metadata.labels: Invalid value: \"bad key\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
+                "metadata.labels: Invalid value: \"bad value!\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')",
+                &format!(
+                    "metadata.labels: Invalid value: \"{}\": name part must be no more than 63 bytes",
+                    "k".repeat(64)
+                ),
+                "metadata.labels: Invalid value: \"x/\": name part must be non-empty",
+                "metadata.labels: Invalid value: \"x/\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
+                "metadata.annotations: Invalid value: \"-no\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')",
+                "metadata.annotations: Too long: may not be more than 262144 bytes",
+            ]
+        );
+    }
 
     #[test]
     fn subdomains_as_upstream() {

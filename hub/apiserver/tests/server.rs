@@ -741,6 +741,54 @@ async fn names_and_namespaces_are_validated_as_kubernetes_does() {
     assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY);
 }
 
+/// Labels and annotations are checked on every write, create, update and
+/// patch alike, with kube-apiserver's messages; nothing is stored.
+#[tokio::test]
+async fn labels_and_annotations_are_validated_on_every_write() {
+    let api = api();
+    let mut bad = widget("w", 1);
+    bad["metadata"]["labels"] = json!({"bad key": "x"});
+    let (code, status) = api.json("POST", BASE, Some(bad)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+    assert_eq!(status["reason"], "Invalid");
+    assert_eq!(status["details"]["causes"][0]["field"], "metadata.labels");
+    assert!(
+        status["message"].as_str().unwrap().starts_with(
+            "Widget.example.com \"w\" is invalid: metadata.labels: Invalid value: \"bad key\": name part must consist of"
+        ),
+        "{status}"
+    );
+    let (code, _) = api.json("GET", &format!("{BASE}/w"), None).await;
+    assert_eq!(code, StatusCode::NOT_FOUND, "nothing stored");
+
+    let (code, created) = api.json("POST", BASE, Some(widget("w", 1))).await;
+    assert_eq!(code, StatusCode::CREATED, "{created}");
+    let mut update = created.clone();
+    update["metadata"]["annotations"] = json!({"big": "x".repeat(256 * 1024)});
+    let (code, status) = api.json("PUT", &format!("{BASE}/w"), Some(update)).await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+    assert_eq!(
+        status["details"]["causes"][0]["reason"],
+        "FieldValueTooLong"
+    );
+    assert_eq!(
+        status["details"]["causes"][0]["message"],
+        "Too long: may not be more than 262144 bytes"
+    );
+    let (code, status) = api
+        .call(
+            "PATCH",
+            &format!("{BASE}/w"),
+            "application/merge-patch+json",
+            Some(json!({"metadata": {"labels": {"app": "not a label value"}}})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::UNPROCESSABLE_ENTITY, "{status}");
+    let (_, kept) = api.json("GET", &format!("{BASE}/w"), None).await;
+    assert_eq!(kept["metadata"]["labels"], json!({"app": "a"}));
+    assert!(kept["metadata"].get("annotations").is_none());
+}
+
 #[tokio::test]
 async fn namespaces_have_kube_apiservers_lifecycle() {
     let hub = hub();

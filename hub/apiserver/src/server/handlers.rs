@@ -594,6 +594,14 @@ fn lifecycle(ctx: &Ctx) -> bool {
     is_namespaces(&ctx.def) && ctx.server.serves_namespaces()
 }
 
+/// Labels and annotations as kube-apiserver validates them on every write
+/// (see [`names::validate_labels_and_annotations`]).
+fn check_meta(ctx: &Ctx, object: &Value) -> Result<(), ApiError> {
+    let errors = names::validate_labels_and_annotations(&object["metadata"]);
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    invalid_unless_empty(ctx, name, &errors)
+}
+
 /// Names as kube-apiserver validates them: a namespace's a DNS-1123 label,
 /// every other object's a DNS-1123 subdomain; the namespace of a namespaced
 /// object a DNS-1123 label.
@@ -792,6 +800,7 @@ pub(crate) async fn create_object(
     }
     let object = ctx.to_storage(object)?;
     crate::limits::check_object(&object, "the object")?;
+    check_meta(ctx, &object)?;
     // The object, what admission keeps beside it and the quotas' charges,
     // in one transaction. A quota another create charged first (on another
     // replica, or the quota controller's count) is read again and charged
@@ -876,6 +885,7 @@ const QUOTA_ATTEMPTS: usize = 8;
 async fn commit_one(ctx: &Ctx, op: Op) -> Result<Value, ApiError> {
     if let Op::Create { value, .. } | Op::Update { value, .. } = &op {
         crate::limits::check_object(value, "the object")?;
+        check_meta(ctx, value)?;
     }
     let stored = ctx
         .server
@@ -1019,6 +1029,7 @@ async fn patch_once(ctx: &Ctx, body: &[u8]) -> Result<Response, ApiError> {
         other => return Err(ApiError::unsupported_media_type(other)),
     }
     crate::limits::check_object(&patched, "the patched object")?;
+    check_meta(ctx, &patched)?;
     // A patch that sets metadata.resourceVersion is a precondition.
     let expected = match meta_str(&patched, "resourceVersion") {
         Some(rv) if rv != old.rv.to_string() => Some(parse_rv(rv)?),
