@@ -8,7 +8,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use sha2::{Digest, Sha256};
+use sha1::{Digest, Sha1};
 use trainhub_api::constants::{
     JOBSET_CONDITION_COMPLETED, JOBSET_CONDITION_FAILED, JOBSET_CONDITION_SUSPENDED,
     LABEL_GLOBAL_REPLICAS, LABEL_JOB_GLOBAL_INDEX, LABEL_JOB_INDEX, LABEL_JOB_KEY,
@@ -365,7 +365,9 @@ struct JobIds {
 /// The Job the JobSet controller builds for one replica of `rjob`.
 fn build_job(js: &JobSet, rjob: &ReplicatedJob, name: &str, ids: &JobIds) -> Job {
     let namespace = js.namespace().unwrap_or_default();
-    let key = hex::encode(Sha256::digest(format!("{namespace}/{name}")));
+    // As the JobSet controller names it: the SHA-1 of `namespace/name`,
+    // 40 hex digits (a label value is at most 63).
+    let key = hex::encode(Sha1::digest(format!("{namespace}/{name}")));
     let ours: BTreeMap<String, String> = [
         (LABEL_JOBSET_NAME, js.name_any()),
         (LABEL_REPLICATED_JOB_NAME, rjob.name.clone()),
