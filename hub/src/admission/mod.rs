@@ -262,6 +262,19 @@ fn compile(
 /// so a count alone does not bound these caches.
 const RUNTIMES_BYTES: usize = 32 << 20;
 
+/// The weight of a snapshot read in [`TrainerAdmission::snapshots`]: its
+/// plugins' names and digests. Its runtime is shared with every snapshot of
+/// that version (and weighed in `snapshot_runtimes` or `runtimes`), and
+/// weighing it here would serialise it once per TrainJob.
+fn pinned_weight(pinned: &Arc<Pinned>) -> usize {
+    64 + pinned
+        .plugins
+        .iter()
+        .flatten()
+        .map(|p| 48 + p.name.len() + p.digest.len())
+        .sum::<usize>()
+}
+
 /// Admission for trainjobs, trainingruntimes and clustertrainingruntimes.
 /// Other resources pass unchanged.
 pub struct TrainerAdmission {
@@ -304,7 +317,7 @@ impl TrainerAdmission {
             schemas: Schemas::get()?,
             clock: Box::new(SystemTime::now),
             runtimes: Recent::with_budget(1024, RUNTIMES_BYTES, encoded_weight),
-            snapshots: Recent::with_budget(1024, RUNTIMES_BYTES, |p| encoded_weight(&p.runtime)),
+            snapshots: Recent::with_budget(1024, RUNTIMES_BYTES, pinned_weight),
             snapshot_runtimes: Recent::with_budget(256, RUNTIMES_BYTES, encoded_weight),
             version_names: Recent::new(256),
             admin_groups: trainhub_apiserver::auth::DEFAULT_ADMIN_GROUPS
