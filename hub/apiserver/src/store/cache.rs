@@ -17,18 +17,26 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde_json::Value;
-use tokio::sync::broadcast;
-
 use crate::recent::Recent;
+use serde_json::Value;
 
+use super::feed::Feed;
 use super::{
     Event, EventType, Key, Live, LiveChange, Object, RawObject, Rv, StoreError, Watch,
     matches_scope,
 };
 
-/// Live events a watcher may lag behind before its watch is ended.
+/// Live changes a watcher may lag behind before its watch is ended...
 const LIVE_BUFFER: usize = 65_536;
+/// ... and the most bytes of objects they may hold together (see
+/// [`Feed`]).
+const LIVE_BYTES: usize = 64 << 20;
+/// The most bytes of objects the history of changes (what a watch resumes
+/// from) holds, besides its count: without it, a tenant updating one 3 MiB
+/// object in a loop made each version a history entry of 3 MiB, in memory
+/// and on disk, up to the count (100,000 in the hub). The oldest changes go
+/// first; a watch resuming from before them gets 410 Gone and relists.
+pub const HISTORY_BYTES: usize = 128 << 20;
 /// Decoded objects kept for reads, least recently used evicted first
 /// (see [`Recent`]): what was just written is what is read next.
 const DECODED: usize = 1024;
@@ -70,7 +78,21 @@ struct State {
     /// later revision the source reported as complete.
     rv: Rv,
     history: VecDeque<Change>,
-    live: broadcast::Sender<Arc<LiveChange>>,
+    /// The bytes of the objects in `history`.
+    history_bytes: usize,
+    live: Arc<Feed>,
+}
+
+impl State {
+    /// Drops the oldest changes past `cap` changes or `budget` bytes.
+    fn trim_history(&mut self, cap: usize, budget: usize) {
+        while self.history.len() > cap || self.history_bytes > budget {
+            let Some(oldest) = self.history.pop_front() else {
+                break;
+            };
+            self.history_bytes -= oldest.bytes.len();
+        }
+    }
 }
 
 /// The in-memory side of a store. Writers (one per store) call
@@ -78,6 +100,7 @@ struct State {
 pub(crate) struct Cache {
     state: RwLock<State>,
     history_cap: usize,
+    history_budget: usize,
     decoded: Recent<Key, Decoded>,
     /// Resources whose written objects go into `decoded` as they are
     /// written ([`Cache::keep_written`]); others only refresh an entry a
@@ -90,26 +113,42 @@ pub(crate) struct Cache {
 
 impl Cache {
     /// A cache holding `objects` at `rv`, with `history` (oldest first)
-    /// kept up to `history_cap` changes.
+    /// kept up to `history_cap` changes and [`HISTORY_BYTES`].
     pub fn new(
         objects: BTreeMap<Key, Stored>,
         rv: Rv,
         history: VecDeque<Change>,
         history_cap: usize,
     ) -> Self {
-        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        Self::bounded(objects, rv, history, history_cap, HISTORY_BYTES)
+    }
+
+    /// As [`Cache::new`], the history kept up to `history_budget` bytes.
+    pub fn bounded(
+        objects: BTreeMap<Key, Stored>,
+        rv: Rv,
+        history: VecDeque<Change>,
+        history_cap: usize,
+        history_budget: usize,
+    ) -> Self {
         let mut history = history;
         for change in &mut history {
             change.value = None;
         }
+        let history_bytes = history.iter().map(|c| c.bytes.len()).sum();
+        let history_cap = history_cap.max(1);
+        let mut state = State {
+            objects,
+            rv,
+            history,
+            history_bytes,
+            live: Feed::new(LIVE_BUFFER, LIVE_BYTES.min(history_budget)),
+        };
+        state.trim_history(history_cap, history_budget);
         Cache {
-            state: RwLock::new(State {
-                objects,
-                rv,
-                history,
-                live,
-            }),
-            history_cap: history_cap.max(1),
+            state: RwLock::new(state),
+            history_cap,
+            history_budget,
             decoded: Recent::with_budget(DECODED, DECODED_BYTES, |d| d.2),
             kept: RwLock::new(Vec::new()),
             seen: tokio::sync::watch::Sender::new(rv),
@@ -199,17 +238,13 @@ impl Cache {
             // A change the source reports late (below a revision it said was
             // complete) still lands in revision order.
             let at = s.history.partition_point(|c| c.rv <= change.rv);
+            s.history_bytes += change.bytes.len();
             s.history.insert(at, change);
         }
-        while s.history.len() > self.history_cap {
-            s.history.pop_front();
-        }
+        s.trim_history(self.history_cap, self.history_budget);
         drop(kept);
         s.rv = s.rv.max(rv);
-        for event in events {
-            // No receiver is fine: nobody watches.
-            let _ = s.live.send(event);
-        }
+        s.live.send(events);
         drop(s);
         // What was applied, not what a progress report claimed: a commit
         // waits for its own changes.
@@ -235,9 +270,10 @@ impl Cache {
         let mut s = self.write();
         s.objects = objects;
         s.history.clear();
+        s.history_bytes = 0;
         s.rv = rv;
-        let (live, _) = broadcast::channel(LIVE_BUFFER);
-        s.live = live;
+        s.live.close();
+        s.live = Feed::new(LIVE_BUFFER, LIVE_BYTES.min(self.history_budget));
         drop(s);
         self.decoded.invalidate_all();
         self.seen.send_if_modified(|seen| {
@@ -252,8 +288,17 @@ impl Cache {
     pub fn compact(&self, rv: Rv) {
         let mut s = self.write();
         while s.history.front().is_some_and(|c| c.rv <= rv) {
-            s.history.pop_front();
+            if let Some(oldest) = s.history.pop_front() {
+                s.history_bytes -= oldest.bytes.len();
+            }
         }
+    }
+
+    /// The newest revision the history no longer holds (every change at or
+    /// below it is gone from it): what a store may forget on disk too.
+    pub fn history_floor(&self) -> Rv {
+        let s = self.read();
+        s.history.front().map_or(s.rv, |c| c.rv.saturating_sub(1))
     }
 
     /// Waits until the cache has applied revision `rv`.
@@ -439,6 +484,7 @@ pub(crate) fn set_rv(value: &mut Value, rv: Rv) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::sync::broadcast;
 
     fn change(kind: EventType, name: &str, rv: Rv, spec: i64) -> Change {
         let value = serde_json::json!({"metadata": {"name": name}, "spec": spec});
@@ -473,6 +519,48 @@ mod tests {
         ));
         let (items, rv) = cache.list("r", Some("ns"));
         assert_eq!((items.len(), rv), (2, 4));
+    }
+
+    #[test]
+    fn the_history_holds_no_more_bytes_than_its_budget() {
+        let big = |name: &str, rv: Rv| {
+            let mut c = change(EventType::Modified, name, rv, 0);
+            let value = serde_json::json!({"metadata": {"name": name}, "spec": "x".repeat(300)});
+            c.bytes = serde_json::to_vec(&value).unwrap_or_default().into();
+            c
+        };
+        let size = big("a", 1).bytes.len();
+        // Room for three of them by bytes, for a hundred by count.
+        let cache = Cache::bounded(BTreeMap::new(), 0, VecDeque::new(), 100, 3 * size + 10);
+        let mut watch = cache.watch("r", None, None).expect("watch");
+        for rv in 1..=10 {
+            cache.apply(vec![big("a", rv)], rv);
+        }
+        {
+            let s = cache.read();
+            let rvs: Vec<Rv> = s.history.iter().map(|c| c.rv).collect();
+            assert_eq!(rvs, [8, 9, 10], "the newest that fit");
+            assert_eq!(s.history_bytes, 3 * size);
+        }
+        assert_eq!(cache.history_floor(), 7);
+        assert!(matches!(
+            cache.watch("r", None, Some(6)),
+            Err(StoreError::Gone { oldest: 8, .. })
+        ));
+        let resumed = cache.watch("r", None, Some(7)).expect("held");
+        let rvs: Vec<Rv> = resumed.replay.iter().map(|e| e.object.rv).collect();
+        assert_eq!(rvs, [8, 9, 10]);
+        // The live feed holds no more than the history either: a watcher
+        // that read nothing lost the oldest, and learns it.
+        assert!(matches!(
+            watch.live.try_recv(),
+            Err(broadcast::error::TryRecvError::Lagged(7))
+        ));
+        assert_eq!(watch.live.try_recv().expect("held").object.rv, 8);
+        // A history loaded over its budget keeps its newest.
+        let loaded: VecDeque<Change> = (1..=10).map(|rv| big("a", rv)).collect();
+        let cache = Cache::bounded(BTreeMap::new(), 10, loaded, 100, 2 * size);
+        assert_eq!(cache.history_floor(), 8);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 mod cache;
 pub mod etcd;
+mod feed;
 mod redb;
 #[cfg(test)]
 mod suite;
@@ -290,7 +291,7 @@ impl Watch {
 /// values (the feed does not hold what a faster watcher decoded), and
 /// changes nobody watches are never decoded.
 pub struct Live {
-    rx: tokio::sync::broadcast::Receiver<Arc<LiveChange>>,
+    rx: feed::Receiver,
     resources: Vec<String>,
     /// Resources of which only deletions are followed.
     deletions: Vec<String>,

@@ -28,7 +28,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::cache::{Cache, Change, Stored, decode, set_rv};
+use super::cache::{Cache, Change, HISTORY_BYTES, Stored, decode, set_rv};
 use super::{
     CommitFuture, Event, EventType, Key, Object, Op, RawListFuture, ReturningFuture, Rv, Store,
     StoreError, Term, Watch, readable,
@@ -77,10 +77,20 @@ impl RedbStore {
     /// Opens (or creates) the store file at `path`, keeping `history` events
     /// for watch resumption.
     pub fn open(path: &Path, history: usize) -> Result<Self, StoreError> {
+        Self::open_bounded(path, history, HISTORY_BYTES)
+    }
+
+    /// As [`RedbStore::open`], the history kept up to `history_bytes` bytes
+    /// of objects as well (in memory and in the file).
+    pub fn open_bounded(
+        path: &Path,
+        history: usize,
+        history_bytes: usize,
+    ) -> Result<Self, StoreError> {
         // Reads are served from the watch cache, so redb's page cache (1 GiB
         // by default) only needs the pages writes touch.
         let db = open_file(path)?;
-        let cache = Arc::new(load(&db, history.max(1))?);
+        let cache = Arc::new(load(&db, history.max(1), history_bytes)?);
         let (writer, requests) = mpsc::channel();
         let writer_cache = cache.clone();
         let file = path.to_path_buf();
@@ -100,8 +110,8 @@ impl RedbStore {
 
     /// Forgets the watch history, as etcd compaction does: a watch from any
     /// resourceVersion older than the latest then fails with
-    /// [`StoreError::Gone`] (410 Expired), and the client must relist. Only
-    /// the in-memory history goes; after a reopen the persisted one is back.
+    /// [`StoreError::Gone`] (410 Expired), and the client must relist. The
+    /// file forgets it too, at the next commit.
     pub fn compact(&self) {
         self.cache.compact(Rv::MAX);
     }
@@ -173,7 +183,7 @@ fn storage(e: impl std::fmt::Display) -> StoreError {
     StoreError::Storage(e.to_string())
 }
 
-fn load(db: &Database, history_cap: usize) -> Result<Cache, StoreError> {
+fn load(db: &Database, history_cap: usize, history_budget: usize) -> Result<Cache, StoreError> {
     let txn = db.begin_write().map_err(storage)?;
     // Make sure the tables exist, so that reads of a new file succeed.
     {
@@ -202,13 +212,19 @@ fn load(db: &Database, history_cap: usize) -> Result<Cache, StoreError> {
         };
         objects.insert(key, stored);
     }
+    // The newest events first, as many as the history keeps.
     let mut history = VecDeque::new();
+    let mut history_bytes = 0;
     for entry in read
         .open_table(EVENTS)
         .map_err(storage)?
         .iter()
         .map_err(storage)?
+        .rev()
     {
+        if history.len() >= history_cap || history_bytes > history_budget {
+            break;
+        }
         let (rv, bytes) = entry.map_err(storage)?;
         let event = decode_event(rv.value(), bytes.value())?;
         let key = event.object.key;
@@ -219,7 +235,8 @@ fn load(db: &Database, history_cap: usize) -> Result<Cache, StoreError> {
                 .map_err(storage)?
                 .into(),
         };
-        history.push_back(Change {
+        history_bytes += bytes.len();
+        history.push_front(Change {
             kind: event.kind,
             key,
             rv: event.object.rv,
@@ -227,7 +244,13 @@ fn load(db: &Database, history_cap: usize) -> Result<Cache, StoreError> {
             value: None,
         });
     }
-    Ok(Cache::new(objects, rv, history, history_cap))
+    Ok(Cache::bounded(
+        objects,
+        rv,
+        history,
+        history_cap,
+        history_budget,
+    ))
 }
 
 fn object_rv(value: &Value) -> Rv {
@@ -314,9 +337,10 @@ fn write_loop(
             Ok(Vec::new())
         } else {
             let served = cache.revision();
+            let floor = cache.history_floor();
             let committed = db
                 .get(served)
-                .and_then(|db| persist(db, &outcomes, rv, history));
+                .and_then(|db| persist(db, &outcomes, rv, history, floor));
             if committed.is_err() {
                 db.failed();
             }
@@ -536,12 +560,15 @@ fn stage(
     Ok(Staged { events, results })
 }
 
-/// Writes the staged events; returns each event's object JSON, in order.
+/// Writes the staged events, and forgets those at or below `floor` (which
+/// the cache's history no longer holds) or beyond the newest `history`;
+/// returns each event's object JSON, in order.
 fn persist(
     db: &Database,
     outcomes: &[Result<Staged, (StoreError, Vec<Op>)>],
     rv: Rv,
     history: usize,
+    floor: Rv,
 ) -> Result<Vec<Arc<[u8]>>, StoreError> {
     let mut encoded = Vec::new();
     let txn = db.begin_write().map_err(storage)?;
@@ -569,8 +596,8 @@ fn persist(
                 encoded.push(object_json.into());
             }
         }
-        // Keep the newest `history` events.
-        let floor = rv.saturating_sub(history as u64);
+        // Keep the newest `history` events, and none the cache dropped.
+        let floor = rv.saturating_sub(history as u64).max(floor);
         if floor > 0 {
             events.retain_in(..=floor, |_, _| false).map_err(storage)?;
         }
@@ -1072,5 +1099,68 @@ mod tests {
             .watch("trainer.kubeflow.org/trainjobs", None, Some(7))
             .expect("recent version");
         assert_eq!(ok.replay.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn the_history_in_the_file_is_bounded_by_bytes_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let padded = |i: usize| {
+            let mut value = job("x");
+            value["spec"]["padding"] = "p".repeat(2000).into();
+            value["metadata"]["labels"] = serde_json::json!({"i": i.to_string()});
+            value
+        };
+        let size = serde_json::to_vec(&padded(0)).expect("json").len() + 40;
+        let events_on_disk = |path: &Path| {
+            let db = open_file(path).expect("reopen");
+            let read = db.begin_read().expect("read");
+            read.open_table(EVENTS)
+                .expect("events")
+                .iter()
+                .expect("iter")
+                .count()
+        };
+        {
+            // Room for about four such objects, for a thousand by count.
+            let store = RedbStore::open_bounded(&path, 1000, 4 * size).expect("open");
+            for i in 0..30 {
+                store
+                    .commit(vec![Op::Put {
+                        key: key("big"),
+                        value: padded(i),
+                    }])
+                    .await
+                    .expect("put");
+            }
+            assert!(matches!(
+                store.watch("trainer.kubeflow.org/trainjobs", None, Some(10)),
+                Err(StoreError::Gone { .. })
+            ));
+            let recent = store
+                .watch("trainer.kubeflow.org/trainjobs", None, Some(27))
+                .expect("recent version");
+            assert_eq!(recent.replay.len(), 3);
+        }
+        let held = events_on_disk(&path);
+        assert!(
+            (3..=6).contains(&held),
+            "{held} events kept in the file, not all 30"
+        );
+        // Reopened, the history is what the file kept, within the bound.
+        let store = RedbStore::open_bounded(&path, 1000, 4 * size).expect("reopen");
+        assert!(
+            store
+                .watch("trainer.kubeflow.org/trainjobs", None, Some(10))
+                .is_err()
+        );
+        let recent = store
+            .watch("trainer.kubeflow.org/trainjobs", None, Some(27))
+            .expect("recent version");
+        assert_eq!(recent.replay.len(), 3);
+        assert_eq!(
+            store.get(&key("big")).expect("stored").value["metadata"]["labels"]["i"],
+            "29"
+        );
     }
 }
