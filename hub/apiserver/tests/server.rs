@@ -424,6 +424,72 @@ async fn discovery_lists_groups_and_resources() {
 }
 
 #[tokio::test]
+async fn a_watch_whose_client_reads_nothing_holds_a_bounded_number_of_bytes_then_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap());
+    let server = Server::builder(store)
+        .resource(widgets())
+        .watch_send_timeout(Duration::from_millis(300))
+        .build();
+    let api = Api {
+        router: server.router(),
+        _dir: dir,
+    };
+    let watch = api
+        .router
+        .clone()
+        .oneshot(
+            Request::get(format!("{BASE}?watch=true&timeoutSeconds=20"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), StatusCode::OK);
+    // 20 versions of an object of 200 KB (an annotation), none read: more
+    // than the watch's queue takes by bytes (1 MiB), fewer than by count.
+    let mut big = widget("big", 1);
+    big["metadata"]["annotations"] = json!({"pad": "p".repeat(200_000), "n": "0"});
+    let (status, _) = api.json("POST", BASE, Some(big)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for n in 1..20 {
+        let patch = json!({"metadata": {"annotations": {"n": n.to_string()}}});
+        let (status, _) = api
+            .call(
+                "PATCH",
+                &format!("{BASE}/big"),
+                "application/merge-patch+json",
+                Some(patch),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // The watch could not queue the rest within its send timeout: it ended
+    // with what its queue held, well before its own timeout.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = std::time::Instant::now();
+    let mut body = watch.into_body();
+    let mut bytes = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .unwrap_or_else(|_| panic!("the watch did not end: {} bytes read", bytes.len()))
+    {
+        if let Ok(data) = frame.unwrap().into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let events = bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    assert!(
+        (1..=7).contains(&events),
+        "{events} events were queued for a client that read nothing (1 MiB of 200 KB each, plus one)"
+    );
+}
+
+#[tokio::test]
 async fn watches_past_the_per_user_cap_are_429_until_one_ends() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap());

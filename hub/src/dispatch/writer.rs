@@ -689,7 +689,7 @@ mod tests {
             .watch("trainjobs", Some("default"), Some(before.0.max(before.1)))
             .expect("watch")
             .replay;
-        let names: Vec<&str> = changes.iter().map(|e| e.object.key.name.as_str()).collect();
+        let names: Vec<String> = changes.iter().map(|e| e.object.key.name.clone()).collect();
         assert_eq!(
             names.iter().filter(|n| **n == "done").count(),
             1,

@@ -14,12 +14,13 @@
 //!   client goes, or when it lags too far behind (the client re-watches).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
 use super::handlers::{Ctx, Selectors, now, partial_metadata};
 use super::request::{self, Format};
@@ -28,6 +29,16 @@ use crate::store::{Event, EventType, Key, Rv};
 use crate::table;
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// Lines a watch queues for its client before the client reads...
+const QUEUED_LINES: usize = 64;
+/// ... and the most bytes they may hold together: a client that reads
+/// slowly holds at most this much of the hub's memory (and one line more:
+/// an event larger than this is queued alone), however large its objects.
+const QUEUED_BYTES: usize = 1 << 20;
+
+/// A line queued for the client, holding its share of the queue's bytes
+/// until the response stream takes it.
+type Queued = (bytes::Bytes, OwnedSemaphorePermit);
 
 pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     let selectors = Selectors::parse(&ctx)?;
@@ -59,7 +70,8 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
             (objects, list_rv)
         }
     };
-    let (tx, rx) = mpsc::channel::<bytes::Bytes>(64);
+    let (tx, rx) = mpsc::channel::<Queued>(QUEUED_LINES);
+    let room = Arc::new(Semaphore::new(QUEUED_BYTES));
     let format = ctx.format;
     let watch = match store.watch(&resource, namespace.as_deref(), Some(since)) {
         Ok(w) => w,
@@ -67,25 +79,18 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
             let status =
                 ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
                     .to_status();
-            let line = line("ERROR", &status);
-            let _ = tx.send(line).await;
-            drop(tx);
+            let w = Writer::new(ctx, selectors, tx, room, format, since, false);
+            let _ = w.send_raw("ERROR", &status).await;
+            drop(w);
             return Ok(streaming(rx));
         }
         Err(e) => return Err(ApiError::from_store(e, &ctx.def.group, &ctx.def.plural)),
     };
     let interval = ctx.server.bookmark_interval;
     let mut epoch = ctx.server.watch_epoch.subscribe();
+    let resumed = rv.is_some() && !send_initial;
     tokio::spawn(async move {
-        let mut w = Writer {
-            ctx,
-            selectors,
-            tx,
-            format,
-            visible: HashSet::new(),
-            last_rv: since,
-            resumed: rv.is_some() && !send_initial,
-        };
+        let mut w = Writer::new(ctx, selectors, tx, room, format, since, resumed);
         for object in &initial {
             if !w
                 .send_state(EventType::Added, &object.key, &object.value)
@@ -101,7 +106,7 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
             }
         }
         for event in &watch.replay {
-            if !w.send_event(event).await {
+            if !w.send_event(&event).await {
                 return;
             }
         }
@@ -144,7 +149,9 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
 struct Writer {
     ctx: Ctx,
     selectors: Selectors,
-    tx: mpsc::Sender<bytes::Bytes>,
+    tx: mpsc::Sender<Queued>,
+    /// The bytes the queue has room for.
+    room: Arc<Semaphore>,
     format: Format,
     /// Keys the client currently sees (for selector transitions).
     visible: HashSet<Key>,
@@ -155,6 +162,27 @@ struct Writer {
 }
 
 impl Writer {
+    fn new(
+        ctx: Ctx,
+        selectors: Selectors,
+        tx: mpsc::Sender<Queued>,
+        room: Arc<Semaphore>,
+        format: Format,
+        since: Rv,
+        resumed: bool,
+    ) -> Self {
+        Writer {
+            ctx,
+            selectors,
+            tx,
+            room,
+            format,
+            visible: HashSet::new(),
+            last_rv: since,
+            resumed,
+        }
+    }
+
     fn matches(&self, key: &Key, value: &Value) -> bool {
         self.ctx
             .target
@@ -228,14 +256,19 @@ impl Writer {
         json!({"kind": self.ctx.def.kind, "apiVersion": self.ctx.def.api_version(), "metadata": metadata})
     }
 
-    /// Queues one event; a client that has taken nothing for the server's
-    /// watch send timeout ends its watch (it relists when it reads again).
+    /// Queues one event; a client that has made no room for it within the
+    /// server's watch send timeout ends its watch (it relists when it reads
+    /// again).
     async fn send_raw(&self, kind: &str, object: &Value) -> bool {
         let timeout = self.ctx.server.watch_send_timeout;
-        matches!(
-            tokio::time::timeout(timeout, self.tx.send(line(kind, object))).await,
-            Ok(Ok(()))
-        )
+        let line = line(kind, object);
+        // A line larger than the whole queue waits for all of it.
+        let share = u32::try_from(line.len().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
+        let queued = async {
+            let permit = self.room.clone().acquire_many_owned(share).await.ok()?;
+            self.tx.send((line, permit)).await.ok()
+        };
+        matches!(tokio::time::timeout(timeout, queued).await, Ok(Some(())))
     }
 }
 
@@ -246,9 +279,13 @@ fn line(kind: &str, object: &Value) -> bytes::Bytes {
     bytes::Bytes::from(bytes)
 }
 
-fn streaming(rx: mpsc::Receiver<bytes::Bytes>) -> Response {
+/// The response streaming the queued lines; each line's share of the
+/// queue is given back as the response takes it.
+fn streaming(rx: mpsc::Receiver<Queued>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+        rx.recv()
+            .await
+            .map(|(line, _room)| (Ok::<_, std::io::Error>(line), rx))
     });
     let mut response = request::stream_response("application/json", Box::pin(stream));
     *response.status_mut() = StatusCode::OK;

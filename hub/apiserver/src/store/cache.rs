@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::feed::Feed;
 use super::{
-    Event, EventType, Key, Live, LiveChange, Object, RawObject, Rv, StoreError, Watch,
+    EventType, Key, Live, LiveChange, Object, RawObject, Replay, Rv, StoreError, Watch,
     matches_scope,
 };
 
@@ -426,18 +426,12 @@ impl Cache {
                 s.history
                     .range(start..)
                     .filter(|c| matches_scope(&c.key, resource, namespace))
-                    .filter_map(|c| {
-                        let object = decode(&c.key, c.rv, &c.bytes)?;
-                        Some(Arc::new(Event {
-                            kind: c.kind,
-                            object,
-                        }))
-                    })
+                    .cloned()
                     .collect()
             }
         };
         Ok(Watch {
-            replay,
+            replay: Replay(replay),
             live: Live {
                 rx: live,
                 resources: vec![resource.to_string()],
@@ -561,6 +555,31 @@ mod tests {
         let loaded: VecDeque<Change> = (1..=10).map(|rv| big("a", rv)).collect();
         let cache = Cache::bounded(BTreeMap::new(), 10, loaded, 100, 2 * size);
         assert_eq!(cache.history_floor(), 8);
+    }
+
+    #[test]
+    fn a_replay_holds_the_historys_bytes_and_decodes_as_it_is_read() {
+        let cache = Cache::new(BTreeMap::new(), 0, VecDeque::new(), 10);
+        for rv in 1..=4 {
+            cache.apply(vec![change(EventType::Modified, "a", rv, rv as i64)], rv);
+        }
+        let watch = cache.watch("r", None, Some(1)).expect("watch");
+        {
+            // Nothing decoded or copied while the store's lock was held:
+            // the replay shares the history's bytes.
+            let s = cache.read();
+            assert_eq!(watch.replay.len(), 3);
+            for (replayed, held) in watch.replay.0.iter().zip(s.history.range(1..)) {
+                assert!(Arc::ptr_eq(&replayed.bytes, &held.bytes));
+                assert!(replayed.value.is_none());
+            }
+        }
+        let specs: Vec<i64> = watch
+            .replay
+            .into_iter()
+            .map(|e| e.object.value["spec"].as_i64().unwrap_or_default())
+            .collect();
+        assert_eq!(specs, [2, 3, 4]);
     }
 
     #[test]

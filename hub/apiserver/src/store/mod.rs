@@ -250,7 +250,7 @@ pub(crate) fn readable(ops: &[Op]) -> Result<(), StoreError> {
 /// A watch: the events to replay, then the live feed.
 pub struct Watch {
     /// Events after the requested resourceVersion, oldest first.
-    pub replay: Vec<Arc<Event>>,
+    pub replay: Replay,
     /// The live events of the watch's scope after those replayed. Lagging
     /// behind by more than the feed holds ends the watch, as an API server
     /// closes a slow watcher; the client then relists.
@@ -281,6 +281,78 @@ impl Watch {
             .extend(resources.iter().map(|r| (*r).to_string()));
         self
     }
+}
+
+/// The changes a watch replays, held as the history holds them (their
+/// encoded JSON, shared with it) and decoded one at a time as they are
+/// iterated: a watch resuming from far back neither holds the store's
+/// lock while a long history is decoded, nor holds it all decoded at once.
+#[derive(Default)]
+pub struct Replay(Vec<cache::Change>);
+
+impl Replay {
+    /// The changes to replay (one that does not decode is skipped, and
+    /// logged, when iterated).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The events, oldest first, each decoded as it is reached.
+    pub fn iter(&self) -> ReplayIter<'_> {
+        self.into_iter()
+    }
+}
+
+impl IntoIterator for Replay {
+    type Item = Arc<Event>;
+    type IntoIter = ReplayIntoIter;
+
+    fn into_iter(self) -> ReplayIntoIter {
+        ReplayIntoIter(self.0.into_iter())
+    }
+}
+
+impl<'a> IntoIterator for &'a Replay {
+    type Item = Arc<Event>;
+    type IntoIter = ReplayIter<'a>;
+
+    fn into_iter(self) -> ReplayIter<'a> {
+        ReplayIter(self.0.iter())
+    }
+}
+
+/// A [`Replay`]'s events, decoded as they are reached.
+pub struct ReplayIntoIter(std::vec::IntoIter<cache::Change>);
+
+impl Iterator for ReplayIntoIter {
+    type Item = Arc<Event>;
+
+    fn next(&mut self) -> Option<Arc<Event>> {
+        self.0.by_ref().find_map(|c| replayed(&c))
+    }
+}
+
+/// A borrowed [`Replay`]'s events, decoded as they are reached.
+pub struct ReplayIter<'a>(std::slice::Iter<'a, cache::Change>);
+
+impl Iterator for ReplayIter<'_> {
+    type Item = Arc<Event>;
+
+    fn next(&mut self) -> Option<Arc<Event>> {
+        self.0.by_ref().find_map(replayed)
+    }
+}
+
+fn replayed(change: &cache::Change) -> Option<Arc<Event>> {
+    let object = cache::decode(&change.key, change.rv, &change.bytes)?;
+    Some(Arc::new(Event {
+        kind: change.kind,
+        object,
+    }))
 }
 
 /// A watch's live feed. The store sends each change as its encoded bytes

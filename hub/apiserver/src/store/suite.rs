@@ -242,7 +242,13 @@ pub(crate) async fn watches_replay_then_follow(store: &dyn Store) {
         ]
     );
     assert_eq!(
-        watch.replay[1].object.value["metadata"]["resourceVersion"],
+        watch
+            .replay
+            .iter()
+            .nth(1)
+            .expect("the deletion")
+            .object
+            .value["metadata"]["resourceVersion"],
         gone.to_string(),
         "a deletion carries the deletion's resourceVersion"
     );
