@@ -17,20 +17,19 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use tokio::sync::broadcast;
+
 use crate::recent::Recent;
 use serde_json::Value;
 
-use super::feed::Feed;
 use super::{
     EventType, Key, Live, LiveChange, Object, RawObject, Replay, Rv, StoreError, Watch,
     matches_scope,
 };
 
-/// Live changes a watcher may lag behind before its watch is ended...
+/// Live changes a watcher may lag behind before its watch is ended (and
+/// no further than the history holds: see [`LiveChange`]).
 const LIVE_BUFFER: usize = 65_536;
-/// ... and the most bytes of objects they may hold together (see
-/// [`Feed`]).
-const LIVE_BYTES: usize = 64 << 20;
 /// The most bytes of objects the history of changes (what a watch resumes
 /// from) holds, besides its count: without it, a tenant updating one 3 MiB
 /// object in a loop made each version a history entry of 3 MiB, in memory
@@ -80,7 +79,7 @@ struct State {
     history: VecDeque<Change>,
     /// The bytes of the objects in `history`.
     history_bytes: usize,
-    live: Arc<Feed>,
+    live: broadcast::Sender<Arc<LiveChange>>,
 }
 
 impl State {
@@ -142,7 +141,7 @@ impl Cache {
             rv,
             history,
             history_bytes,
-            live: Feed::new(LIVE_BUFFER, LIVE_BYTES.min(history_budget)),
+            live: broadcast::channel(LIVE_BUFFER).0,
         };
         state.trim_history(history_cap, history_budget);
         Cache {
@@ -224,7 +223,7 @@ impl Cache {
                     kind: change.kind,
                     key: change.key.clone(),
                     rv: change.rv,
-                    bytes: change.bytes.clone(),
+                    bytes: Arc::downgrade(&change.bytes),
                     decoded: std::sync::Mutex::new(
                         change
                             .value
@@ -244,7 +243,10 @@ impl Cache {
         s.trim_history(self.history_cap, self.history_budget);
         drop(kept);
         s.rv = s.rv.max(rv);
-        s.live.send(events);
+        for event in events {
+            // No receiver is fine: nobody watches.
+            let _ = s.live.send(event);
+        }
         drop(s);
         // What was applied, not what a progress report claimed: a commit
         // waits for its own changes.
@@ -272,8 +274,8 @@ impl Cache {
         s.history.clear();
         s.history_bytes = 0;
         s.rv = rv;
-        s.live.close();
-        s.live = Feed::new(LIVE_BUFFER, LIVE_BYTES.min(self.history_budget));
+        let (live, _) = broadcast::channel(LIVE_BUFFER);
+        s.live = live;
         drop(s);
         self.decoded.invalidate_all();
         self.seen.send_if_modified(|seen| {
@@ -544,13 +546,12 @@ mod tests {
         let resumed = cache.watch("r", None, Some(7)).expect("held");
         let rvs: Vec<Rv> = resumed.replay.iter().map(|e| e.object.rv).collect();
         assert_eq!(rvs, [8, 9, 10]);
-        // The live feed holds no more than the history either: a watcher
-        // that read nothing lost the oldest, and learns it.
+        // The live feed holds none of the objects the history let go: a
+        // watcher that read nothing meanwhile learns it lagged.
         assert!(matches!(
             watch.live.try_recv(),
-            Err(broadcast::error::TryRecvError::Lagged(7))
+            Err(broadcast::error::TryRecvError::Lagged(_))
         ));
-        assert_eq!(watch.live.try_recv().expect("held").object.rv, 8);
         // A history loaded over its budget keeps its newest.
         let loaded: VecDeque<Change> = (1..=10).map(|rv| big("a", rv)).collect();
         let cache = Cache::bounded(BTreeMap::new(), 10, loaded, 100, 2 * size);

@@ -15,7 +15,6 @@
 
 mod cache;
 pub mod etcd;
-mod feed;
 mod redb;
 #[cfg(test)]
 mod suite;
@@ -363,7 +362,7 @@ fn replayed(change: &cache::Change) -> Option<Arc<Event>> {
 /// values (the feed does not hold what a faster watcher decoded), and
 /// changes nobody watches are never decoded.
 pub struct Live {
-    rx: feed::Receiver,
+    rx: tokio::sync::broadcast::Receiver<Arc<LiveChange>>,
     resources: Vec<String>,
     /// Resources of which only deletions are followed.
     deletions: Vec<String>,
@@ -380,8 +379,10 @@ impl Live {
     pub async fn recv(&mut self) -> Result<Arc<Event>, tokio::sync::broadcast::error::RecvError> {
         loop {
             let change = self.rx.recv().await?;
-            if let Some(event) = self.accept(&change) {
-                return Ok(event);
+            match self.accept(&change) {
+                Ok(Some(event)) => return Ok(event),
+                Ok(None) => {}
+                Err(Lost) => return Err(tokio::sync::broadcast::error::RecvError::Lagged(1)),
             }
         }
     }
@@ -393,13 +394,17 @@ impl Live {
     pub fn try_recv(&mut self) -> Result<Arc<Event>, tokio::sync::broadcast::error::TryRecvError> {
         loop {
             let change = self.rx.try_recv()?;
-            if let Some(event) = self.accept(&change) {
-                return Ok(event);
+            match self.accept(&change) {
+                Ok(Some(event)) => return Ok(event),
+                Ok(None) => {}
+                Err(Lost) => return Err(tokio::sync::broadcast::error::TryRecvError::Lagged(1)),
             }
         }
     }
 
-    fn accept(&self, change: &LiveChange) -> Option<Arc<Event>> {
+    /// The event `change` is for this watch, if it is in its scope; `Lost`
+    /// when its object is no longer held (see [`LiveChange`]).
+    fn accept(&self, change: &LiveChange) -> Result<Option<Arc<Event>>, Lost> {
         let followed = self.resources.contains(&change.key.resource)
             || (change.kind == EventType::Deleted && self.deletions.contains(&change.key.resource));
         let in_scope = change.rv > self.after
@@ -409,7 +414,7 @@ impl Live {
                 .as_deref()
                 .is_none_or(|ns| change.key.namespace == ns);
         if !in_scope {
-            return None;
+            return Ok(None);
         }
         let mut decoded = change.decoded.lock().unwrap_or_else(|p| p.into_inner());
         let object = match decoded.upgrade() {
@@ -419,24 +424,35 @@ impl Live {
                 value,
             },
             None => {
-                let object = cache::decode(&change.key, change.rv, &change.bytes)?;
+                let bytes = change.bytes.upgrade().ok_or(Lost)?;
+                let Some(object) = cache::decode(&change.key, change.rv, &bytes) else {
+                    return Ok(None);
+                };
                 *decoded = Arc::downgrade(&object.value);
                 object
             }
         };
-        Some(Arc::new(Event {
+        Ok(Some(Arc::new(Event {
             kind: change.kind,
             object,
-        }))
+        })))
     }
 }
 
-/// One change on the live feed, as the store sends it.
+/// A change a watcher lagged too far behind to receive: its object left the
+/// history before the watcher read it.
+struct Lost;
+
+/// One change on the live feed, as the store sends it. Its object's bytes
+/// are the history's (or the stored object's): the feed holds them weakly,
+/// so a watcher that stops reading keeps no object the history has let go
+/// (the history is bounded by bytes; the feed only by count), and learns,
+/// when it reads again, that it lagged.
 pub(crate) struct LiveChange {
     kind: EventType,
     key: Key,
     rv: Rv,
-    bytes: Arc<[u8]>,
+    bytes: std::sync::Weak<[u8]>,
     /// The decoded object, with `rv` stamped, while something holds it.
     decoded: std::sync::Mutex<std::sync::Weak<Value>>,
 }
