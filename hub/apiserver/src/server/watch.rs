@@ -13,6 +13,7 @@
 //! - the stream ends after `timeoutSeconds` (default 30 minutes), when the
 //!   client goes, or when it lags too far behind (the client re-watches).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,13 +63,14 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     let resource = ctx.def.store_key();
     let namespace = ctx.target.namespace.clone();
 
-    // The initial state, when asked for, and the version to follow from.
+    // The initial state, when asked for, and the version to follow from:
+    // the objects as stored, each decoded as it is sent.
     let (initial, since) = match rv {
         Some(rv) if !send_initial => (Vec::new(), rv),
-        _ => {
-            let (objects, list_rv) = store.list(&resource, namespace.as_deref());
-            (objects, list_rv)
-        }
+        _ => store
+            .list_raw(&resource, namespace.as_deref(), None, None)
+            .await
+            .map_err(|e| ApiError::from_store(e, &ctx.def.group, &ctx.def.plural))?,
     };
     let (tx, rx) = mpsc::channel::<Queued>(QUEUED_LINES);
     let room = Arc::new(Semaphore::new(QUEUED_BYTES));
@@ -91,11 +93,11 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     let resumed = rv.is_some() && !send_initial;
     tokio::spawn(async move {
         let mut w = Writer::new(ctx, selectors, tx, room, format, since, resumed);
-        for object in &initial {
-            if !w
-                .send_state(EventType::Added, &object.key, &object.value)
-                .await
-            {
+        for raw in initial {
+            let Some(object) = raw.decode() else { continue };
+            let line = w.state_line(EventType::Added, &object.key, &object.value);
+            drop(object);
+            if !w.send_line(line).await {
                 return;
             }
         }
@@ -105,8 +107,8 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
                 return;
             }
         }
-        for event in &watch.replay {
-            if !w.send_event(&event).await {
+        for event in watch.replay {
+            if !w.send_event(event).await {
                 return;
             }
         }
@@ -132,7 +134,7 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
                         if event.object.rv <= watch.replayed_up_to.max(since) {
                             continue;
                         }
-                        if !w.send_event(&event).await {
+                        if !w.send_event(event).await {
                             return;
                         }
                     }
@@ -192,23 +194,35 @@ impl Writer {
             && self.selectors.matches(value)
     }
 
-    async fn send_event(&mut self, event: &Event) -> bool {
+    /// Sends what the client must see of `event`. The event (its decoded
+    /// object, many times its JSON) is let go once its line is written, so
+    /// a watch waiting for its client holds bytes only.
+    async fn send_event(&mut self, event: Arc<Event>) -> bool {
         self.last_rv = event.object.rv;
-        self.send_state(event.kind, &event.object.key, &event.object.value)
-            .await
+        let line = self.state_line(event.kind, &event.object.key, &event.object.value);
+        drop(event);
+        self.send_line(line).await
     }
 
-    /// Sends what the client must see of a change, given what it saw before.
-    async fn send_state(&mut self, kind: EventType, key: &Key, stored: &Value) -> bool {
+    async fn send_line(&self, line: Line) -> bool {
+        match line {
+            Line::Nothing => true,
+            Line::Event(line) => self.queue(line).await,
+            Line::Error(line) => {
+                let _ = self.queue(line).await;
+                false
+            }
+        }
+    }
+
+    /// What the client must see of a change, given what it saw before.
+    fn state_line(&mut self, kind: EventType, key: &Key, stored: &Value) -> Line {
         // At the version the client watches; an object that cannot be
         // converted ends the watch with an ERROR event, as kube-apiserver
         // reports a failing conversion webhook.
         let value = match self.ctx.server.present(&self.ctx.def, stored) {
             Ok(value) => value,
-            Err(e) => {
-                let _ = self.send_raw("ERROR", &e.to_status()).await;
-                return false;
-            }
+            Err(e) => return Line::Error(line("ERROR", &e.to_status())),
         };
         let value = value.as_ref();
         let matches = kind != EventType::Deleted && self.matches(key, value);
@@ -228,23 +242,22 @@ impl Writer {
                 self.visible.remove(key);
                 "DELETED"
             }
-            (false, false) => return true,
+            (false, false) => return Line::Nothing,
         };
-        let object = self.render(value);
-        self.send_raw(sent_type, &object).await
+        Line::Event(line(sent_type, &self.render(value)))
     }
 
-    fn render(&self, value: &Value) -> Value {
+    fn render<'v>(&self, value: &'v Value) -> Cow<'v, Value> {
         match self.format {
-            Format::Table => table::to_table(
+            Format::Table => Cow::Owned(table::to_table(
                 &self.ctx.def,
                 &[value],
                 None,
                 table::IncludeObject::Metadata,
                 now(),
-            ),
-            Format::Metadata => partial_metadata(value),
-            _ => value.clone(),
+            )),
+            Format::Metadata => Cow::Owned(partial_metadata(value)),
+            _ => Cow::Borrowed(value),
         }
     }
 
@@ -256,12 +269,15 @@ impl Writer {
         json!({"kind": self.ctx.def.kind, "apiVersion": self.ctx.def.api_version(), "metadata": metadata})
     }
 
-    /// Queues one event; a client that has made no room for it within the
+    async fn send_raw(&self, kind: &str, object: &Value) -> bool {
+        self.queue(line(kind, object)).await
+    }
+
+    /// Queues one line; a client that has made no room for it within the
     /// server's watch send timeout ends its watch (it relists when it reads
     /// again).
-    async fn send_raw(&self, kind: &str, object: &Value) -> bool {
+    async fn queue(&self, line: bytes::Bytes) -> bool {
         let timeout = self.ctx.server.watch_send_timeout;
-        let line = line(kind, object);
         // A line larger than the whole queue waits for all of it.
         let share = u32::try_from(line.len().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
         let queued = async {
@@ -272,10 +288,30 @@ impl Writer {
     }
 }
 
+/// One change's line for the client.
+enum Line {
+    /// The client does not see this change.
+    Nothing,
+    Event(bytes::Bytes),
+    /// The watch ends with this line.
+    Error(bytes::Bytes),
+}
+
+/// `{"type": kind, "object": object}` and a newline, written as
+/// kube-apiserver writes it (type first), without copying `object`.
 fn line(kind: &str, object: &Value) -> bytes::Bytes {
-    let mut bytes =
-        serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
-    bytes.push(b'\n');
+    let mut bytes = Vec::with_capacity(256);
+    bytes.extend_from_slice(b"{\"type\":");
+    let written = serde_json::to_writer(&mut bytes, kind).and_then(|()| {
+        bytes.extend_from_slice(b",\"object\":");
+        serde_json::to_writer(&mut bytes, object)
+    });
+    if written.is_err() {
+        // Writing a JSON value to memory does not fail; were it to, no
+        // half-written line goes out.
+        return bytes::Bytes::new();
+    }
+    bytes.extend_from_slice(b"}\n");
     bytes::Bytes::from(bytes)
 }
 
