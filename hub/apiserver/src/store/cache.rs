@@ -17,10 +17,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::sync::broadcast;
 
 use crate::recent::Recent;
-use serde_json::Value;
 
 use super::{
     EventType, Key, Live, LiveChange, Object, RawObject, Replay, Rv, StoreError, Watch,
@@ -480,7 +480,6 @@ pub(crate) fn set_rv(value: &mut Value, rv: Rv) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::broadcast;
 
     fn change(kind: EventType, name: &str, rv: Rv, spec: i64) -> Change {
         let value = serde_json::json!({"metadata": {"name": name}, "spec": spec});
