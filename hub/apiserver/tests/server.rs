@@ -465,8 +465,9 @@ async fn a_watch_whose_client_reads_nothing_holds_a_bounded_number_of_bytes_then
         assert_eq!(status, StatusCode::OK);
     }
     // The watch could not queue the rest within its send timeout: it ended
-    // with what its queue held, well before its own timeout.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // with what its queue held, well before its own timeout. (Waited ten
+    // times the send timeout, so a slow machine still sees it end first.)
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let started = std::time::Instant::now();
     let mut body = watch.into_body();
     let mut bytes = Vec::new();
