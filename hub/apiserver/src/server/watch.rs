@@ -81,9 +81,9 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
             let status =
                 ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
                     .to_status();
-            let w = Writer::new(ctx, selectors, tx, room, format, since, false);
-            let _ = w.send_raw("ERROR", &status).await;
-            drop(w);
+            let timeout = ctx.server.watch_send_timeout;
+            let _ = enqueue(&tx, &room, line("ERROR", &status), timeout).await;
+            drop(tx);
             return Ok(streaming(rx));
         }
         Err(e) => return Err(ApiError::from_store(e, &ctx.def.group, &ctx.def.plural)),
@@ -277,15 +277,31 @@ impl Writer {
     /// server's watch send timeout ends its watch (it relists when it reads
     /// again).
     async fn queue(&self, line: bytes::Bytes) -> bool {
-        let timeout = self.ctx.server.watch_send_timeout;
-        // A line larger than the whole queue waits for all of it.
-        let share = u32::try_from(line.len().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
-        let queued = async {
-            let permit = self.room.clone().acquire_many_owned(share).await.ok()?;
-            self.tx.send((line, permit)).await.ok()
-        };
-        matches!(tokio::time::timeout(timeout, queued).await, Ok(Some(())))
+        enqueue(
+            &self.tx,
+            &self.room,
+            line,
+            self.ctx.server.watch_send_timeout,
+        )
+        .await
     }
+}
+
+/// Queues `line` once the queue has room for it (a line larger than the
+/// whole queue waits for all of it); false if there is none within
+/// `timeout` or the response is gone.
+async fn enqueue(
+    tx: &mpsc::Sender<Queued>,
+    room: &Arc<Semaphore>,
+    line: bytes::Bytes,
+    timeout: Duration,
+) -> bool {
+    let share = u32::try_from(line.len().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
+    let queued = async {
+        let permit = room.clone().acquire_many_owned(share).await.ok()?;
+        tx.send((line, permit)).await.ok()
+    };
+    matches!(tokio::time::timeout(timeout, queued).await, Ok(Some(())))
 }
 
 /// One change's line for the client.
