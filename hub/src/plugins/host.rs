@@ -216,17 +216,16 @@ impl Host {
         wasm.wasm_component_model(true)
             .epoch_interruption(true)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
-            .memory_init_cow(true)
-            // Bounds checks in the plugins' code rather than guard pages:
-            // a pool slot's memory then stays accessible from one call to
-            // the next (only its dirtied pages are reset). With guard pages,
-            // each instance's memory was made inaccessible beyond its
-            // initial size and made accessible again as the call grew it:
-            // two `mprotect`s per call, each taking the process's memory
-            // map lock for writing, which every page fault of every thread
-            // waits on (see docs/benchmarks.md).
-            .signals_based_traps(false)
-            .memory_guard_size(0);
+            // Guard pages, not bounds checks compiled into the plugins'
+            // code (13% of the pipeline bench's time through them). A
+            // slot's memory is made inaccessible past its initial size when
+            // an instance is created, and accessible again if a call grows
+            // it: two `mprotect`s, each taking the process's memory map lock
+            // for writing. The SDK's arena keeps a call within the initial
+            // memory, so the built-ins grow none: about a thousand
+            // `mprotect`s in a saturated bench run of 70,000 calls
+            // (docs/benchmarks.md).
+            .memory_init_cow(true);
         // `perf` names the plugins' machine code with this set (see
         // docs/benchmarks.md); no effect otherwise.
         if std::env::var_os("TRAINHUB_WASM_PERFMAP").is_some() {
