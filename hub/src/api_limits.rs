@@ -47,6 +47,11 @@ pub struct ApiLimitsArgs {
     /// Watches and followed logs open at once, all users (0: no cap).
     #[arg(long, default_value_t = RequestLimits::default().max_long_running)]
     pub max_long_running_requests: usize,
+    /// Bytes of events a user's watches may hold queued for clients that
+    /// have not read them, all the user's watches together (each holds at
+    /// most 1 MiB besides; 0: no cap).
+    #[arg(long, default_value_t = RequestLimits::default().max_watch_bytes_per_user)]
+    pub max_watch_bytes_per_user: usize,
 }
 
 impl Default for ApiLimitsArgs {
@@ -63,6 +68,7 @@ impl Default for ApiLimitsArgs {
             max_requests_inflight_per_user: requests.max_requests_in_flight_per_user,
             max_long_running_requests_per_user: requests.max_long_running_per_user,
             max_long_running_requests: requests.max_long_running,
+            max_watch_bytes_per_user: requests.max_watch_bytes_per_user,
         }
     }
 }
@@ -79,6 +85,7 @@ impl ApiLimitsArgs {
             max_requests_inflight_per_user: _,
             max_long_running_requests_per_user: _,
             max_long_running_requests: _,
+            max_watch_bytes_per_user: _,
         } = self.clone();
         ServeOptions {
             header_read_timeout: http_header_read_timeout,
@@ -96,6 +103,7 @@ impl ApiLimitsArgs {
             max_requests_in_flight_per_user: self.max_requests_inflight_per_user,
             max_long_running_per_user: self.max_long_running_requests_per_user,
             max_long_running: self.max_long_running_requests,
+            max_watch_bytes_per_user: self.max_watch_bytes_per_user,
         }
     }
 }
@@ -127,6 +135,8 @@ mod tests {
             "2s",
             "--max-requests-inflight-per-user",
             "3",
+            "--max-watch-bytes-per-user",
+            "1048576",
         ]);
         let serve = cli.limits.serve_options();
         assert_eq!(serve.max_connections_per_client, 8);
@@ -134,6 +144,10 @@ mod tests {
         assert_eq!(
             cli.limits.request_limits().max_requests_in_flight_per_user,
             3
+        );
+        assert_eq!(
+            cli.limits.request_limits().max_watch_bytes_per_user,
+            1 << 20
         );
     }
 }

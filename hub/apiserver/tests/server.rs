@@ -491,6 +491,91 @@ async fn a_watch_whose_client_reads_nothing_holds_a_bounded_number_of_bytes_then
 }
 
 #[tokio::test]
+async fn a_users_unread_watches_hold_no_more_than_the_users_budget_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap());
+    let server = Server::builder(store)
+        .resource(widgets())
+        .watch_send_timeout(Duration::from_millis(300))
+        .request_limits(trainhub_apiserver::server::RequestLimits {
+            max_watch_bytes_per_user: 600_000,
+            ..Default::default()
+        })
+        .build();
+    let api = Api {
+        router: server.router(),
+        _dir: dir,
+    };
+    let open = || async {
+        let watch = api
+            .router
+            .clone()
+            .oneshot(
+                Request::get(format!("{BASE}?watch=true&timeoutSeconds=20"))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(watch.status(), StatusCode::OK);
+        watch
+    };
+    // Two watches of one user, neither read; ten versions of an object of
+    // 200 KB: each watch's own queue (1 MiB) would take five of them.
+    let watches = [open().await, open().await];
+    let mut big = widget("big", 1);
+    big["metadata"]["annotations"] = json!({"pad": "p".repeat(200_000), "n": "0"});
+    let (status, _) = api.json("POST", BASE, Some(big)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for n in 1..10 {
+        let patch = json!({"metadata": {"annotations": {"n": n.to_string()}}});
+        let (status, _) = api
+            .call(
+                "PATCH",
+                &format!("{BASE}/big"),
+                "application/merge-patch+json",
+                Some(patch),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Both ended (they could not queue within their send timeout), having
+    // queued together what the user's 600 KB hold: three events.
+    let mut events = 0;
+    for watch in watches {
+        let mut body = watch.into_body();
+        let mut bytes = Vec::new();
+        while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("the watch did not end: {} bytes read", bytes.len()))
+        {
+            if let Ok(data) = frame.unwrap().into_data() {
+                bytes.extend_from_slice(&data);
+            }
+        }
+        events += bytes
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count();
+    }
+    assert!(
+        (1..=3).contains(&events),
+        "the user's two watches queued {events} events of 200 KB with a budget of 600 KB"
+    );
+    // Their bytes are the user's again: a new watch gets the object.
+    let watch = open().await;
+    let mut body = watch.into_body();
+    let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("the new watch sent nothing")
+        .unwrap()
+        .unwrap();
+    let data = frame.into_data().unwrap();
+    assert!(data.starts_with(b"{\"type\":\"ADDED\""), "{data:?}");
+}
+
+#[tokio::test]
 async fn watches_past_the_per_user_cap_are_429_until_one_ends() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(RedbStore::open(&dir.path().join("db"), 1000).unwrap());

@@ -2,7 +2,8 @@
 //! others: kube-apiserver's `--max-requests-inflight` answer (429
 //! TooManyRequests with `Retry-After`), counted per authenticated user, and a
 //! separate cap on long-running requests (watches, followed logs), which
-//! hold their slot until their stream ends.
+//! hold their slot until their stream ends; and a budget of the bytes a
+//! user's watches may hold queued for their clients, all together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -29,6 +30,9 @@ pub struct RequestLimits {
     /// Watches and followed logs open at once, all users together. 0: no
     /// cap.
     pub max_long_running: usize,
+    /// Bytes of events a user's watches may hold queued for their clients,
+    /// all together (each watch also holds at most 1 MiB). 0: no cap.
+    pub max_watch_bytes_per_user: usize,
 }
 
 impl Default for RequestLimits {
@@ -41,7 +45,60 @@ impl Default for RequestLimits {
             // terminals following logs stays far below this.
             max_long_running_per_user: 250,
             max_long_running: 10_000,
+            // An informer's watch holds little: its client reads as the
+            // events come. What a user's watches hold beyond this is a
+            // client that stopped reading, so a tenant's 250 watches hold
+            // tens of MiB of the hub's memory, not gigabytes.
+            max_watch_bytes_per_user: 64 << 20,
         }
+    }
+}
+
+/// Watches of one user waiting at once for room in the user's
+/// [`WatchBudget`], each holding the one event it waits to queue; a watch
+/// finding none free ends (its client watches again).
+pub(crate) const WATCHES_WAITING_PER_USER: usize = 4;
+
+/// The bytes one user's watches may hold queued, all together.
+#[derive(Clone)]
+pub(crate) struct WatchBudget {
+    bytes: Arc<Semaphore>,
+    max: usize,
+    waiting: Arc<Semaphore>,
+}
+
+/// A watch's share of its user's [`WatchBudget`]; given back on drop.
+pub(crate) struct BudgetShare {
+    _permit: OwnedSemaphorePermit,
+}
+
+impl WatchBudget {
+    fn new(max: usize) -> Self {
+        WatchBudget {
+            bytes: Arc::new(Semaphore::new(max.min(Semaphore::MAX_PERMITS))),
+            max,
+            waiting: Arc::new(Semaphore::new(WATCHES_WAITING_PER_USER)),
+        }
+    }
+
+    /// The share of a line of `len` bytes (one larger than the budget takes
+    /// all of it): at once if there is room, else once there is, if fewer
+    /// than [`WATCHES_WAITING_PER_USER`] of the user's watches wait already;
+    /// `None` if too many wait.
+    pub async fn take(&self, len: usize) -> Option<BudgetShare> {
+        let share = u32::try_from(len.min(self.max)).unwrap_or(u32::MAX);
+        if let Ok(permit) = self.bytes.clone().try_acquire_many_owned(share) {
+            return Some(BudgetShare { _permit: permit });
+        }
+        let _waiting = self.waiting.try_acquire().ok()?;
+        let permit = self.bytes.clone().acquire_many_owned(share).await.ok()?;
+        Some(BudgetShare { _permit: permit })
+    }
+
+    /// Whether nothing of it is taken and no watch waits for it.
+    fn unused(&self) -> bool {
+        self.bytes.available_permits() == self.max.min(Semaphore::MAX_PERMITS)
+            && self.waiting.available_permits() == WATCHES_WAITING_PER_USER
     }
 }
 
@@ -57,6 +114,7 @@ pub(crate) struct InFlight {
     short: Mutex<HashMap<String, Arc<Semaphore>>>,
     long: Mutex<HashMap<String, Arc<Semaphore>>>,
     all_long: Arc<Semaphore>,
+    watch_bytes: Mutex<HashMap<String, WatchBudget>>,
 }
 
 impl InFlight {
@@ -68,7 +126,27 @@ impl InFlight {
             all_long: Arc::new(Semaphore::new(
                 limits.max_long_running.min(Semaphore::MAX_PERMITS),
             )),
+            watch_bytes: Mutex::default(),
         }
+    }
+
+    /// The budget of `user`'s watches (`None` when uncapped).
+    pub fn watch_budget(&self, user: &str) -> Option<WatchBudget> {
+        let max = self.limits.max_watch_bytes_per_user;
+        if max == 0 {
+            return None;
+        }
+        let mut map = self.watch_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget users whose watches hold nothing, so the map stays as
+        // small as the set of users watching.
+        if map.len() > 1024 {
+            map.retain(|_, b| Arc::strong_count(&b.bytes) > 1 || !b.unused());
+        }
+        Some(
+            map.entry(user.to_string())
+                .or_insert_with(|| WatchBudget::new(max))
+                .clone(),
+        )
     }
 
     pub fn limits(&self) -> RequestLimits {
@@ -193,6 +271,7 @@ mod tests {
             max_requests_in_flight_per_user: 2,
             max_long_running_per_user: 1,
             max_long_running: 10,
+            ..RequestLimits::default()
         });
         let get: Uri = "/apis/g/v1/namespaces/a/things".parse().unwrap();
         let alice = user("alice", &[]);
@@ -219,6 +298,54 @@ mod tests {
         );
         drop(w);
         assert!(limits.admit(&alice, &watch).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_users_watches_share_one_budget_of_bytes_and_few_of_them_wait_for_it() {
+        let limits = InFlight::new(RequestLimits {
+            max_watch_bytes_per_user: 1000,
+            ..RequestLimits::default()
+        });
+        let alice = limits.watch_budget("alice").unwrap();
+        // Another watch of alice's draws on the same budget.
+        let also_alice = limits.watch_budget("alice").unwrap();
+        let first = alice.take(600).await.unwrap();
+        let second = also_alice.take(400).await.unwrap();
+        // Bob has his own.
+        let bob = limits.watch_budget("bob").unwrap();
+        let _bobs = bob.take(1000).await.unwrap();
+        // Alice's is full: up to WATCHES_WAITING_PER_USER watches wait for
+        // room, the next one is refused at once.
+        let waiting: Vec<_> = (0..WATCHES_WAITING_PER_USER)
+            .map(|_| {
+                let budget = alice.clone();
+                tokio::spawn(async move { budget.take(100).await.is_some() })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        while alice.waiting.available_permits() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(alice.take(100).await.is_none(), "a fifth waiter was let in");
+        // Room given back lets the waiters in; a line larger than the whole
+        // budget takes all of it.
+        drop((first, second));
+        for waiter in waiting {
+            assert!(waiter.await.unwrap());
+        }
+        let whole = tokio::time::timeout(std::time::Duration::from_secs(5), alice.take(5000))
+            .await
+            .expect("a line larger than the budget waits for all of it, not forever")
+            .unwrap();
+        assert_eq!(alice.bytes.available_permits(), 0);
+        drop(whole);
+        assert!(alice.unused());
+        // Uncapped: no budget.
+        let uncapped = InFlight::new(RequestLimits {
+            max_watch_bytes_per_user: 0,
+            ..RequestLimits::default()
+        });
+        assert!(uncapped.watch_budget("alice").is_none());
     }
 
     #[test]

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, broadcast, mpsc};
 
 use super::handlers::{Ctx, Selectors, now, partial_metadata};
+use super::inflight::{BudgetShare, WatchBudget};
 use super::request::{self, Format};
 use crate::status::ApiError;
 use crate::store::{Event, EventType, Key, Rv};
@@ -38,8 +39,21 @@ const QUEUED_LINES: usize = 64;
 const QUEUED_BYTES: usize = 1 << 20;
 
 /// A line queued for the client, holding its share of the queue's bytes
-/// until the response stream takes it.
-type Queued = (bytes::Bytes, OwnedSemaphorePermit);
+/// and of its user's budget until the response stream takes it.
+type Queued = (bytes::Bytes, Held);
+
+/// What a queued line holds until the response stream takes it.
+struct Held {
+    _queue: OwnedSemaphorePermit,
+    _user: Option<BudgetShare>,
+}
+
+/// Where a watch's queued lines take room: its own queue's bytes, and the
+/// budget of its user's watches together.
+struct Room {
+    queue: Arc<Semaphore>,
+    user: Option<WatchBudget>,
+}
 
 pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
     let selectors = Selectors::parse(&ctx)?;
@@ -73,7 +87,10 @@ pub(crate) async fn serve(ctx: Ctx) -> Result<Response, ApiError> {
             .map_err(|e| ApiError::from_store(e, &ctx.def.group, &ctx.def.plural))?,
     };
     let (tx, rx) = mpsc::channel::<Queued>(QUEUED_LINES);
-    let room = Arc::new(Semaphore::new(QUEUED_BYTES));
+    let room = Room {
+        queue: Arc::new(Semaphore::new(QUEUED_BYTES)),
+        user: ctx.server.inflight.watch_budget(&ctx.user.name),
+    };
     let format = ctx.format;
     let watch = match store.watch(&resource, namespace.as_deref(), Some(since)) {
         Ok(w) => w,
@@ -152,8 +169,8 @@ struct Writer {
     ctx: Ctx,
     selectors: Selectors,
     tx: mpsc::Sender<Queued>,
-    /// The bytes the queue has room for.
-    room: Arc<Semaphore>,
+    /// The bytes the queue (and the user's watches) have room for.
+    room: Room,
     format: Format,
     /// Keys the client currently sees (for selector transitions).
     visible: HashSet<Key>,
@@ -168,7 +185,7 @@ impl Writer {
         ctx: Ctx,
         selectors: Selectors,
         tx: mpsc::Sender<Queued>,
-        room: Arc<Semaphore>,
+        room: Room,
         format: Format,
         since: Rv,
         resumed: bool,
@@ -274,8 +291,9 @@ impl Writer {
     }
 
     /// Queues one line; a client that has made no room for it within the
-    /// server's watch send timeout ends its watch (it relists when it reads
-    /// again).
+    /// server's watch send timeout ends its watch (it watches again when it
+    /// reads again), as does one whose user's watches hold their whole
+    /// budget while others of them wait for it already.
     async fn queue(&self, line: bytes::Bytes) -> bool {
         enqueue(
             &self.tx,
@@ -287,19 +305,28 @@ impl Writer {
     }
 }
 
-/// Queues `line` once the queue has room for it (a line larger than the
-/// whole queue waits for all of it); false if there is none within
-/// `timeout` or the response is gone.
+/// Queues `line` once the queue, and the budget of its user's watches,
+/// have room for it (a line larger than either waits for all of it); false
+/// if there is none within `timeout` (or at once, see [`WatchBudget::take`])
+/// or the response is gone.
 async fn enqueue(
     tx: &mpsc::Sender<Queued>,
-    room: &Arc<Semaphore>,
+    room: &Room,
     line: bytes::Bytes,
     timeout: Duration,
 ) -> bool {
     let share = u32::try_from(line.len().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
     let queued = async {
-        let permit = room.clone().acquire_many_owned(share).await.ok()?;
-        tx.send((line, permit)).await.ok()
+        let queue = room.queue.clone().acquire_many_owned(share).await.ok()?;
+        let user = match &room.user {
+            Some(budget) => Some(budget.take(line.len()).await?),
+            None => None,
+        };
+        let held = Held {
+            _queue: queue,
+            _user: user,
+        };
+        tx.send((line, held)).await.ok()
     };
     matches!(tokio::time::timeout(timeout, queued).await, Ok(Some(())))
 }
@@ -331,13 +358,18 @@ fn line(kind: &str, object: &Value) -> bytes::Bytes {
     bytes::Bytes::from(bytes)
 }
 
-/// The response streaming the queued lines; each line's share of the
-/// queue is given back as the response takes it.
+/// The response streaming the queued lines. A line's share of the queue
+/// and of its user's budget is given back when the response asks for the
+/// next line, not when it takes this one: the HTTP connection asks for more
+/// only once it holds less than its write buffer (hyper's, about 400 KiB;
+/// HTTP/2: one chunk per stream), so a line a client does not read counts
+/// against its user while the connection holds it.
 fn streaming(rx: mpsc::Receiver<Queued>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+    let stream = futures_util::stream::unfold((rx, None), |(mut rx, written)| async move {
+        drop::<Option<Held>>(written);
         rx.recv()
             .await
-            .map(|(line, _room)| (Ok::<_, std::io::Error>(line), rx))
+            .map(|(line, held)| (Ok::<_, std::io::Error>(line), (rx, Some(held))))
     });
     let mut response = request::stream_response("application/json", Box::pin(stream));
     *response.status_mut() = StatusCode::OK;
