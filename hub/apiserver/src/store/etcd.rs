@@ -31,7 +31,7 @@
 //!   has yet to send; a change that arrives so still lands in order in the
 //!   history.)
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -114,6 +114,13 @@ pub struct EtcdOptions {
     /// compacts to the revision the previous run saw, and only one replica
     /// per interval does (they agree through the compactor's key).
     pub compaction_interval: Duration,
+    /// Bytes of objects this replica writes after which the compactor runs
+    /// without waiting for the rest of its interval (0: by time only).
+    /// Between two compactions etcd keeps every version written, so a
+    /// tenant updating a large object in a loop would otherwise fill etcd's
+    /// quota (2 GiB by default) within one interval; with this, etcd holds
+    /// at most about two such windows of old versions.
+    pub compaction_bytes: usize,
     /// How often the cache asks etcd for watch progress while idle.
     pub progress_interval: Duration,
     /// How long a commit waits for this replica's cache to apply it.
@@ -124,6 +131,7 @@ impl Default for EtcdOptions {
     fn default() -> Self {
         EtcdOptions {
             compaction_interval: Duration::from_secs(300),
+            compaction_bytes: 256 << 20,
             progress_interval: Duration::from_secs(1),
             commit_timeout: Duration::from_secs(10),
         }
@@ -147,6 +155,27 @@ pub struct EtcdStore {
     /// To the committer, which sends commits to etcd.
     commits: tokio::sync::mpsc::UnboundedSender<Pending>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    written: Arc<Written>,
+}
+
+/// Bytes this replica wrote since the compactor last ran, and the
+/// compactor's call to run early.
+#[derive(Default)]
+struct Written {
+    bytes: std::sync::atomic::AtomicUsize,
+    past_threshold: tokio::sync::Notify,
+}
+
+impl Written {
+    /// Counts `bytes` written; the compactor is called when they take the
+    /// count past `threshold` (0: never).
+    fn add(&self, bytes: usize, threshold: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let before = self.bytes.fetch_add(bytes, Relaxed);
+        if threshold > 0 && before < threshold && before + bytes >= threshold {
+            self.past_threshold.notify_one();
+        }
+    }
 }
 
 impl Drop for EtcdStore {
@@ -187,6 +216,48 @@ where
                 tokio::time::sleep(Duration::from_millis(20 * tries)).await;
             }
             answer => return answer,
+        }
+    }
+}
+
+/// The largest response this store reads from etcd: gRPC's default (4
+/// MiB) is less than a page of large objects, or than the watch event of a
+/// transaction that writes several.
+const MAX_RESPONSE: usize = 64 << 20;
+
+/// The client's key-value service, reading responses up to `max` bytes.
+fn kv(client: &Client, max: usize) -> etcd_client::KvClient {
+    client.kv_client().max_decoding_message_size(max)
+}
+
+/// Whether etcd's answer was larger than the client reads.
+fn too_large(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("decoded message length too large")
+}
+
+/// One page of a range read from `start` with `options` (no limit set), of
+/// at most `*limit` keys. A page too large to read (over `max` bytes) is
+/// asked for again with half as many keys, and `*limit` keeps the smaller
+/// size for the next pages, so objects of any size load, however many a
+/// page would hold.
+async fn range_page(
+    client: &Client,
+    start: &[u8],
+    options: &GetOptions,
+    limit: &mut i64,
+    max: usize,
+) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+    loop {
+        let options = options.clone().with_limit(*limit);
+        let page = resend(|| {
+            let mut kv = kv(client, max);
+            let (start, options) = (start.to_vec(), options.clone());
+            async move { kv.get(start, Some(options)).await }
+        })
+        .await;
+        match page {
+            Err(e) if too_large(&e) && *limit > 1 => *limit = (*limit / 2).max(1),
+            page => return page,
         }
     }
 }
@@ -241,6 +312,7 @@ impl EtcdStore {
             options: options.clone(),
             commits,
             tasks: Mutex::new(Vec::new()),
+            written: Arc::default(),
         };
         let committer = tokio::spawn(committer(client.clone(), committing));
         let follow = tokio::spawn(follow(
@@ -256,6 +328,7 @@ impl EtcdStore {
                 client,
                 format!("{prefix}compact_rev_key"),
                 options.compaction_interval,
+                store.written.clone(),
             ));
             tasks.push(compactor.abort_handle());
         }
@@ -314,6 +387,7 @@ impl EtcdStore {
             Err(e) => return Err((e, ops)),
         };
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let bytes = parts.bytes;
         let pending = Pending {
             ops,
             parts,
@@ -332,6 +406,7 @@ impl EtcdStore {
                 Vec::new(),
             )
         })??;
+        self.written.add(bytes, self.options.compaction_bytes);
         if let Some(revision) = revision {
             self.cache
                 .wait_for(revision, self.options.commit_timeout)
@@ -423,27 +498,23 @@ impl EtcdStore {
         let mut items = Vec::new();
         let mut start = scope.clone().into_bytes();
         let end = prefix_end(scope.as_bytes());
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_revision(etcd_rev(rv));
+        let mut limit = LOAD_PAGE;
         loop {
-            let options = GetOptions::new()
-                .with_range(end.clone())
-                .with_revision(etcd_rev(rv))
-                .with_limit(LOAD_PAGE);
-            let page = resend(|| {
-                let mut client = client.clone();
-                let (start, options) = (start.clone(), options.clone());
-                async move { client.get(start, Some(options)).await }
-            })
-            .await
-            .map_err(|e| {
-                if is_compacted(&e) {
-                    StoreError::Gone {
-                        requested: rv,
-                        oldest: rv + 1,
+            let page = range_page(&client, &start, &options, &mut limit, MAX_RESPONSE)
+                .await
+                .map_err(|e| {
+                    if is_compacted(&e) {
+                        StoreError::Gone {
+                            requested: rv,
+                            oldest: rv + 1,
+                        }
+                    } else {
+                        etcd_error("listing", e)
                     }
-                } else {
-                    etcd_error("listing", e)
-                }
-            })?;
+                })?;
             for kv in page.kvs() {
                 if let Some(key) = parse_key(&self.registry, kv.key())
                     && after.is_none_or(|(ns, name)| {
@@ -686,9 +757,9 @@ async fn attempt(client: &Client, batch: Vec<Pending>) -> Vec<Pending> {
     }
     let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
     let response = match resend(|| {
-        let mut client = client.clone();
+        let mut kv = kv(client, MAX_RESPONSE);
         let txn = txn.clone();
-        async move { client.txn(txn).await }
+        async move { kv.txn(txn).await }
     })
     .await
     {
@@ -821,20 +892,15 @@ async fn load(
     let mut start = registry.as_bytes().to_vec();
     let mut objects = BTreeMap::new();
     let mut revision = at.unwrap_or(0);
+    let mut limit = LOAD_PAGE;
     loop {
-        let mut options = GetOptions::new()
-            .with_range(end.clone())
-            .with_limit(LOAD_PAGE);
+        let mut options = GetOptions::new().with_range(end.clone());
         if revision > 0 {
             options = options.with_revision(etcd_rev(revision));
         }
-        let page = resend(|| {
-            let mut client = client.clone();
-            let (start, options) = (start.clone(), options.clone());
-            async move { client.get(start, Some(options)).await }
-        })
-        .await
-        .map_err(|e| etcd_error("loading", e))?;
+        let page = range_page(&client, &start, &options, &mut limit, MAX_RESPONSE)
+            .await
+            .map_err(|e| etcd_error("loading", e))?;
         if revision == 0 {
             revision = header_rev(page.header());
         }
@@ -915,13 +981,17 @@ async fn watch_once(
     last: &mut Rv,
     progress: Duration,
 ) -> Result<Ended, StoreError> {
-    let mut client = client.clone();
+    let client = client.clone();
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(etcd_rev(*last + 1))
-        .with_prev_key()
         .with_progress_notify();
+    // No previous values: a deletion's is the cache's (its last version
+    // before the deletion, as the events come in order), and with them
+    // one transaction's events could be many times what it wrote.
     let stream = client
+        .watch_client()
+        .max_decoding_message_size(MAX_RESPONSE)
         .watch(registry, Some(options))
         .await
         .map_err(|e| etcd_error("watching", e))?;
@@ -958,6 +1028,8 @@ async fn watch_once(
                     continue;
                 }
                 let mut changes = Vec::with_capacity(response.events().len());
+                // What this response put, for a deletion after it in it.
+                let mut put: HashMap<Key, Arc<[u8]>> = HashMap::new();
                 let mut top = *last;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
@@ -965,20 +1037,25 @@ async fn watch_once(
                     let at = rev(kv.mod_revision());
                     top = top.max(at);
                     let change = match event.event_type() {
-                        etcd_client::EventType::Put => Change {
-                            kind: if kv.version() == 1 {
-                                EventType::Added
-                            } else {
-                                EventType::Modified
-                            },
-                            key,
-                            rv: at,
-                            bytes: kv.value().into(),
-                            value: None,
-                        },
+                        etcd_client::EventType::Put => {
+                            let bytes: Arc<[u8]> = kv.value().into();
+                            put.insert(key.clone(), bytes.clone());
+                            Change {
+                                kind: if kv.version() == 1 {
+                                    EventType::Added
+                                } else {
+                                    EventType::Modified
+                                },
+                                key,
+                                rv: at,
+                                bytes,
+                                value: None,
+                            }
+                        }
                         etcd_client::EventType::Delete => {
-                            let bytes: Arc<[u8]> = match event.prev_kv() {
-                                Some(prev) => prev.value().into(),
+                            let last = put.remove(&key).or_else(|| cache.stored(&key).map(|s| s.bytes));
+                            let bytes: Arc<[u8]> = match last {
+                                Some(last) => last,
                                 None => serde_json::to_vec(&serde_json::json!({
                                     "metadata": {"name": key.name, "namespace": key.namespace}
                                 }))
@@ -1015,14 +1092,20 @@ async fn watch_once(
 
 /// kube-apiserver's compactor: every `interval`, compact to the revision
 /// the previous run saw, unless another replica ran in between (the
-/// compactor key's version is the shared clock).
-async fn compactor(client: Client, key: String, interval: Duration) {
+/// compactor key's version is the shared clock). It also runs as soon as
+/// this replica has written `EtcdOptions::compaction_bytes` since its last
+/// run, and its interval starts again from there.
+async fn compactor(client: Client, key: String, interval: Duration, written: Arc<Written>) {
     let mut clock = 0;
     let mut last = 0;
     let mut tick = tokio::time::interval(interval);
     tick.tick().await;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = written.past_threshold.notified() => tick.reset(),
+        }
+        written.bytes.store(0, std::sync::atomic::Ordering::Relaxed);
         match compact_once(&client, &key, clock, last).await {
             Ok((c, r)) => (clock, last) = (c, r),
             Err(e) => tracing::warn!(error = %e, "etcd store: compacting"),
@@ -1213,6 +1296,7 @@ mod tests {
         };
         let options = EtcdOptions {
             compaction_interval: Duration::ZERO,
+            compaction_bytes: 0,
             progress_interval: Duration::from_millis(100),
             commit_timeout: Duration::from_secs(10),
         };
@@ -1627,6 +1711,7 @@ mod tests {
         };
         let options = EtcdOptions {
             compaction_interval: Duration::ZERO,
+            compaction_bytes: 0,
             progress_interval: Duration::from_millis(100),
             commit_timeout: Duration::from_secs(10),
         };
@@ -1688,6 +1773,168 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn objects_past_grpcs_default_message_size_load_list_and_follow() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let a = open(&etcd, "/large/").await;
+        // Ten objects of 600 KB: one page of a load or list (and the watch
+        // event of deleting them in one transaction, which carries each
+        // previous value) is 6 MB, past gRPC's default 4 MiB.
+        let big = |name: &str| {
+            let mut op = create(name);
+            if let Op::Create { value, .. } = &mut op {
+                value["pad"] = serde_json::json!("p".repeat(600_000));
+            }
+            op
+        };
+        for n in 0..10 {
+            a.commit(vec![big(&format!("o{n}"))]).await.expect("create");
+        }
+        let b = open(&etcd, "/large/").await;
+        assert_eq!(b.list(JOBS, None).0.len(), 10, "b loaded them all");
+        let (page, _) = b
+            .list_raw(JOBS, None, None, None)
+            .await
+            .expect("a list read from etcd");
+        assert_eq!(page.len(), 10);
+        let mut watch = b.watch(JOBS, None, Some(b.revision())).expect("watch");
+        let removes = (0..10)
+            .map(|n| Op::Remove {
+                key: key(&format!("o{n}")),
+            })
+            .collect();
+        a.commit(removes).await.expect("remove all ten at once");
+        for _ in 0..10 {
+            assert_eq!(next(&mut watch).await.0, EventType::Deleted);
+        }
+        // b still follows etcd.
+        let c = a.commit(vec![create("c")]).await.expect("create")[0].rv;
+        assert_eq!(next(&mut watch).await, (EventType::Added, "c".into(), c));
+        // Pages over what the client reads are asked for again, smaller.
+        for n in 0..10 {
+            a.commit(vec![big(&format!("p{n}"))]).await.expect("create");
+        }
+        let client = a.client();
+        let prefix = b"/large/registry/".to_vec();
+        let options = GetOptions::new().with_range(prefix_end(&prefix));
+        let mut limit = LOAD_PAGE;
+        let page = range_page(&client, &prefix, &options, &mut limit, 2 << 20)
+            .await
+            .expect("a page within 2 MiB");
+        let bytes: usize = page.kvs().iter().map(|kv| kv.value().len()).sum();
+        assert!(!page.kvs().is_empty() && bytes <= 2 << 20, "{bytes} bytes");
+        assert!(page.more(), "eleven objects do not fit in 2 MiB");
+        assert!(
+            limit <= page.kvs().len() as i64,
+            "the smaller page size is kept: {limit}"
+        );
+    }
+
+    /// Waits until etcd has compacted `rv` (reading `prefix` at it fails
+    /// so); fails after `within`.
+    async fn compacted_within(client: &mut Client, prefix: &str, rv: Rv, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let at = GetOptions::new().with_prefix().with_revision(etcd_rev(rv));
+            match client.get(prefix, Some(at)).await {
+                Err(e) if is_compacted(&e) => return,
+                Err(e) => panic!("reading at {rv}: {e}"),
+                Ok(_) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "revision {rv} not compacted within {within:?}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_that_writes_many_bytes_compacts_before_its_interval() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let config = EtcdConfig {
+            endpoints: etcd.endpoints(),
+            prefix: "/bytes/".into(),
+            ..EtcdConfig::default()
+        };
+        let options = EtcdOptions {
+            compaction_interval: Duration::from_secs(3600),
+            compaction_bytes: 1 << 20,
+            ..EtcdOptions::default()
+        };
+        let store = EtcdStore::open_with(&config, 1000, options)
+            .await
+            .expect("open");
+        // One object of 100 KB updated in a loop: a tenant's loop, written
+        // well within the hour.
+        let mut big = create("big");
+        if let Op::Create { value, .. } = &mut big {
+            value["pad"] = serde_json::json!("p".repeat(100_000));
+        }
+        let first = store.commit(vec![big]).await.expect("create")[0].rv;
+        let mut client = store.client();
+        let mut last = first;
+        // The compactor runs at once past 1 MiB, and compacts to what its
+        // previous run saw: two runs, so about 2 MiB, then a little more
+        // for the compaction to land.
+        for n in 0..40 {
+            let mut object = store.get(&key("big")).expect("stored");
+            let value = Arc::make_mut(&mut object.value);
+            value["n"] = serde_json::json!(n);
+            last = store
+                .commit(vec![Op::Update {
+                    key: key("big"),
+                    value: value.clone(),
+                    expected: Some(last),
+                }])
+                .await
+                .expect("update")[0]
+                .rv;
+        }
+        compacted_within(
+            &mut client,
+            "/bytes/registry/",
+            first,
+            Duration::from_secs(15),
+        )
+        .await;
+        // Not the latest: the object reads as written.
+        let now = store.get(&key("big")).expect("stored");
+        assert_eq!(now.value["n"], 39);
+        // With the bytes trigger off, nothing is compacted within the hour.
+        let config = EtcdConfig {
+            prefix: "/bytes-off/".into(),
+            ..config
+        };
+        let off = EtcdStore::open_with(
+            &config,
+            1000,
+            EtcdOptions {
+                compaction_interval: Duration::from_secs(3600),
+                compaction_bytes: 0,
+                ..EtcdOptions::default()
+            },
+        )
+        .await
+        .expect("open");
+        let rv = off.commit(vec![create("x")]).await.expect("create")[0].rv;
+        for n in 0..40 {
+            let mut pad = create(&format!("y{n}"));
+            if let Op::Create { value, .. } = &mut pad {
+                value["pad"] = serde_json::json!("p".repeat(100_000));
+            }
+            off.commit(vec![pad]).await.expect("create");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let at = GetOptions::new().with_prefix().with_revision(etcd_rev(rv));
+        assert!(client.get("/bytes-off/registry/", Some(at)).await.is_ok());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_compactor_compacts_what_the_previous_run_saw() {
         let Some((_dir, etcd)) = cluster(1) else {
             return;
@@ -1711,30 +1958,13 @@ mod tests {
         let first = a.commit(vec![create("a")]).await.expect("create")[0].rv;
         a.commit(vec![create("b")]).await.expect("create");
         let mut client = a.client();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            match client
-                .get(
-                    "/compactor/registry/",
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_revision(etcd_rev(first)),
-                    ),
-                )
-                .await
-            {
-                Err(e) if is_compacted(&e) => break,
-                Err(e) => panic!("reading at {first}: {e}"),
-                Ok(_) => {
-                    assert!(
-                        tokio::time::Instant::now() < deadline,
-                        "revision {first} not compacted within 15 s"
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+        compacted_within(
+            &mut client,
+            "/compactor/registry/",
+            first,
+            Duration::from_secs(15),
+        )
+        .await;
         let clock = client
             .get("/compactor/compact_rev_key", None)
             .await
