@@ -423,6 +423,46 @@ async fn discovery_lists_groups_and_resources() {
     );
 }
 
+/// Creates `big`, a widget of 200 KB (an annotation), and patches it until
+/// `versions` versions of it were written.
+async fn write_versions_of_a_large_widget(api: &Api, versions: usize) {
+    let mut big = widget("big", 1);
+    big["metadata"]["annotations"] = json!({"pad": "p".repeat(200_000), "n": "0"});
+    let (status, _) = api.json("POST", BASE, Some(big)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    for n in 1..versions {
+        let patch = json!({"metadata": {"annotations": {"n": n.to_string()}}});
+        let (status, _) = api
+            .call(
+                "PATCH",
+                &format!("{BASE}/big"),
+                "application/merge-patch+json",
+                Some(patch),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+}
+
+/// The lines of a watch's response, read to its end; fails if it has not
+/// ended within 10 s.
+async fn lines_until_the_end(watch: axum::response::Response) -> usize {
+    let mut body = watch.into_body();
+    let mut bytes = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .unwrap_or_else(|_| panic!("the watch did not end: {} bytes read", bytes.len()))
+    {
+        if let Ok(data) = frame.unwrap().into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    bytes
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count()
+}
+
 #[tokio::test]
 async fn a_watch_whose_client_reads_nothing_holds_a_bounded_number_of_bytes_then_ends() {
     let dir = tempfile::tempdir().unwrap();
@@ -448,42 +488,12 @@ async fn a_watch_whose_client_reads_nothing_holds_a_bounded_number_of_bytes_then
     assert_eq!(watch.status(), StatusCode::OK);
     // 20 versions of an object of 200 KB (an annotation), none read: more
     // than the watch's queue takes by bytes (1 MiB), fewer than by count.
-    let mut big = widget("big", 1);
-    big["metadata"]["annotations"] = json!({"pad": "p".repeat(200_000), "n": "0"});
-    let (status, _) = api.json("POST", BASE, Some(big)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    for n in 1..20 {
-        let patch = json!({"metadata": {"annotations": {"n": n.to_string()}}});
-        let (status, _) = api
-            .call(
-                "PATCH",
-                &format!("{BASE}/big"),
-                "application/merge-patch+json",
-                Some(patch),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK);
-    }
+    write_versions_of_a_large_widget(&api, 20).await;
     // The watch could not queue the rest within its send timeout: it ended
     // with what its queue held, well before its own timeout. (Waited ten
     // times the send timeout, so a slow machine still sees it end first.)
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let started = std::time::Instant::now();
-    let mut body = watch.into_body();
-    let mut bytes = Vec::new();
-    while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
-        .await
-        .unwrap_or_else(|_| panic!("the watch did not end: {} bytes read", bytes.len()))
-    {
-        if let Ok(data) = frame.unwrap().into_data() {
-            bytes.extend_from_slice(&data);
-        }
-    }
-    assert!(started.elapsed() < Duration::from_secs(10));
-    let events = bytes
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .count();
+    let events = lines_until_the_end(watch).await;
     assert!(
         (1..=7).contains(&events),
         "{events} events were queued for a client that read nothing (1 MiB of 200 KB each, plus one)"
@@ -523,41 +533,13 @@ async fn a_users_unread_watches_hold_no_more_than_the_users_budget_together() {
     // Two watches of one user, neither read; ten versions of an object of
     // 200 KB: each watch's own queue (1 MiB) would take five of them.
     let watches = [open().await, open().await];
-    let mut big = widget("big", 1);
-    big["metadata"]["annotations"] = json!({"pad": "p".repeat(200_000), "n": "0"});
-    let (status, _) = api.json("POST", BASE, Some(big)).await;
-    assert_eq!(status, StatusCode::CREATED);
-    for n in 1..10 {
-        let patch = json!({"metadata": {"annotations": {"n": n.to_string()}}});
-        let (status, _) = api
-            .call(
-                "PATCH",
-                &format!("{BASE}/big"),
-                "application/merge-patch+json",
-                Some(patch),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK);
-    }
+    write_versions_of_a_large_widget(&api, 10).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Both ended (they could not queue within their send timeout), having
     // queued together what the user's 600 KB hold: three events.
     let mut events = 0;
     for watch in watches {
-        let mut body = watch.into_body();
-        let mut bytes = Vec::new();
-        while let Some(frame) = tokio::time::timeout(Duration::from_secs(10), body.frame())
-            .await
-            .unwrap_or_else(|_| panic!("the watch did not end: {} bytes read", bytes.len()))
-        {
-            if let Ok(data) = frame.unwrap().into_data() {
-                bytes.extend_from_slice(&data);
-            }
-        }
-        events += bytes
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .count();
+        events += lines_until_the_end(watch).await;
     }
     assert!(
         (1..=3).contains(&events),

@@ -981,7 +981,6 @@ async fn watch_once(
     last: &mut Rv,
     progress: Duration,
 ) -> Result<Ended, StoreError> {
-    let client = client.clone();
     let options = WatchOptions::new()
         .with_prefix()
         .with_start_revision(etcd_rev(*last + 1))
