@@ -423,6 +423,22 @@ async fn discovery_lists_groups_and_resources() {
     );
 }
 
+/// A watch of every widget (for at most 20 s), opened.
+async fn open_watch(api: &Api) -> axum::response::Response {
+    let watch = api
+        .router
+        .clone()
+        .oneshot(
+            Request::get(format!("{BASE}?watch=true&timeoutSeconds=20"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), StatusCode::OK);
+    watch
+}
+
 /// Creates `big`, a widget of 200 KB (an annotation), and patches it until
 /// `versions` versions of it were written.
 async fn write_versions_of_a_large_widget(api: &Api, versions: usize) {
@@ -475,17 +491,7 @@ async fn a_watch_whose_client_reads_nothing_holds_a_bounded_number_of_bytes_then
         router: server.router(),
         _dir: dir,
     };
-    let watch = api
-        .router
-        .clone()
-        .oneshot(
-            Request::get(format!("{BASE}?watch=true&timeoutSeconds=20"))
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(watch.status(), StatusCode::OK);
+    let watch = open_watch(&api).await;
     // 20 versions of an object of 200 KB (an annotation), none read: more
     // than the watch's queue takes by bytes (1 MiB), fewer than by count.
     write_versions_of_a_large_widget(&api, 20).await;
@@ -516,23 +522,9 @@ async fn a_users_unread_watches_hold_no_more_than_the_users_budget_together() {
         router: server.router(),
         _dir: dir,
     };
-    let open = || async {
-        let watch = api
-            .router
-            .clone()
-            .oneshot(
-                Request::get(format!("{BASE}?watch=true&timeoutSeconds=20"))
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(watch.status(), StatusCode::OK);
-        watch
-    };
     // Two watches of one user, neither read; ten versions of an object of
     // 200 KB: each watch's own queue (1 MiB) would take five of them.
-    let watches = [open().await, open().await];
+    let watches = [open_watch(&api).await, open_watch(&api).await];
     write_versions_of_a_large_widget(&api, 10).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     // Both ended (they could not queue within their send timeout), having
@@ -546,7 +538,7 @@ async fn a_users_unread_watches_hold_no_more_than_the_users_budget_together() {
         "the user's two watches queued {events} events of 200 KB with a budget of 600 KB"
     );
     // Their bytes are the user's again: a new watch gets the object.
-    let watch = open().await;
+    let watch = open_watch(&api).await;
     let mut body = watch.into_body();
     let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
         .await
