@@ -236,6 +236,7 @@ impl ApiError {
                 k.namespace
             )),
             StoreError::Storage(m) => Self::internal(m),
+            StoreError::TooLarge(m) => Self::too_large(m),
             e @ StoreError::Fenced(_) => Self::unavailable(e.to_string()),
         }
     }

@@ -230,6 +230,13 @@ fn kv(client: &Client, max: usize) -> etcd_client::KvClient {
     client.kv_client().max_decoding_message_size(max)
 }
 
+/// Whether etcd refused a request as larger than it takes: gRPC's limit
+/// (`--max-request-bytes` plus 512 KiB), or etcd's own.
+fn refused_as_too_large(e: &etcd_client::Error) -> bool {
+    let e = e.to_string();
+    e.contains("received message larger than max") || e.contains("request is too large")
+}
+
 /// Whether etcd's answer was larger than the client reads.
 fn too_large(e: &etcd_client::Error) -> bool {
     e.to_string().contains("decoded message length too large")
@@ -765,7 +772,13 @@ async fn attempt(client: &Client, batch: Vec<Pending>) -> Vec<Pending> {
     {
         Ok(response) => response,
         Err(e) => {
-            let e = etcd_error("committing", e);
+            let e = if refused_as_too_large(&e) {
+                StoreError::TooLarge(format!(
+                    "the write is larger than etcd takes in one request (its --max-request-bytes, 1.5 MiB unless set): {e}"
+                ))
+            } else {
+                etcd_error("committing", e)
+            };
             for p in batch {
                 let _ = p.reply.send(Err((e.clone(), Vec::new())));
             }
@@ -1828,6 +1841,45 @@ mod tests {
             limit <= page.kvs().len() as i64,
             "the smaller page size is kept: {limit}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_larger_than_etcd_takes_is_refused_as_too_large_and_alone() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/too-large/").await;
+        let sized = |name: &str, bytes: usize| {
+            let mut op = create(name);
+            if let Op::Create { value, .. } = &mut op {
+                value["pad"] = serde_json::json!("p".repeat(bytes));
+            }
+            op
+        };
+        // Past gRPC's limit (1.5 MiB + 512 KiB), and between it and etcd's
+        // own (1.5 MiB): each refused as too large, with the small commits
+        // sent beside it written.
+        for (name, bytes) in [("huge", 2_500_000), ("big", 1_700_000)] {
+            let small = store.commit(vec![create(&format!("{name}-beside"))]);
+            let large = store.commit(vec![sized(name, bytes)]);
+            let (small, large) = tokio::join!(small, large);
+            match large {
+                Err(e @ StoreError::TooLarge(_)) => {
+                    let api =
+                        crate::status::ApiError::from_store(e, "trainer.kubeflow.org", "trainjobs");
+                    assert_eq!((api.code, api.reason), (413, "RequestEntityTooLarge"));
+                    assert!(
+                        api.message.contains("--max-request-bytes"),
+                        "{}",
+                        api.message
+                    );
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            small.expect("the commit beside it");
+            assert!(store.get(&key(name)).is_none());
+        }
+        assert_eq!(store.list(JOBS, None).0.len(), 2);
     }
 
     /// Waits until etcd has compacted `rv` (reading `prefix` at it fails

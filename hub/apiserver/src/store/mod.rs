@@ -180,6 +180,10 @@ pub enum StoreError {
     InvalidKey(Key),
     #[error("storage: {0}")]
     Storage(String),
+    /// A write larger than the storage takes in one request (etcd's
+    /// `--max-request-bytes`); nothing of it was written.
+    #[error("{0}")]
+    TooLarge(String),
     /// A write made in the name of a leadership [`Term`] that has ended:
     /// another replica leads now, and this one must stop acting.
     #[error("not the leader: the leadership term {0} has ended")]
