@@ -283,7 +283,7 @@ impl Host {
         let threads = Threads::start(threads, PLUGIN_QUEUE)
             .map_err(|e| PluginError::Host(format!("plugin threads: {e}")))?;
 
-        Ok(Host {
+        let host = Host {
             engine,
             linker: Arc::new(linker),
             compiled: moka::sync::Cache::new(256),
@@ -291,7 +291,46 @@ impl Host {
             ticker,
             slots,
             threads,
-        })
+        };
+        host.forget_other_engines();
+        Ok(host)
+    }
+
+    /// Removes from the compilation cache the machine code compiled by
+    /// other engines (another wasmtime, other settings): no engine of this
+    /// hub reads it again, and each upgrade would otherwise leave a copy of
+    /// every plugin behind. Only files named as the cache names them are
+    /// touched.
+    fn forget_other_engines(&self) {
+        let Some(dir) = &self.cache_dir else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let ours = format!("-{:016x}.cwasm", self.engine_hash());
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let cache_named = name.len() == 64 + 1 + 16 + 6
+                && name.ends_with(".cwasm")
+                && name.as_bytes()[64] == b'-'
+                && name[..64].bytes().all(|b| b.is_ascii_hexdigit())
+                && name[65..81].bytes().all(|b| b.is_ascii_hexdigit());
+            if cache_named && !name.ends_with(&ours) && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, dir = %dir.display(), "plugin compilation cache: removed what other engines compiled");
+        }
+    }
+
+    /// The engine's compatibility hash, as the cache's file names carry it.
+    fn engine_hash(&self) -> u64 {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.engine.precompile_compatibility_hash().hash(&mut h);
+        h.finish()
     }
 
     /// Whether instances come from the pool (else they are allocated on
@@ -418,13 +457,11 @@ impl Host {
     /// settings use other files).
     fn cache_file(&self, digest: [u8; 32]) -> Option<PathBuf> {
         let dir = self.cache_dir.as_ref()?;
-        let engine_hash = {
-            use std::hash::{Hash as _, Hasher as _};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            self.engine.precompile_compatibility_hash().hash(&mut h);
-            h.finish()
-        };
-        Some(dir.join(format!("{}-{engine_hash:016x}.cwasm", hex::encode(digest))))
+        Some(dir.join(format!(
+            "{}-{:016x}.cwasm",
+            hex::encode(digest),
+            self.engine_hash()
+        )))
     }
 
     /// The component of `wasm` (whose sha256 is `digest`): mapped from its
@@ -1326,4 +1363,36 @@ struct HasTable;
 
 impl wasmtime::component::HasData for HasTable {
     type Data<'a> = &'a mut ResourceTable;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_start_removes_what_other_engines_compiled_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = HostConfig {
+            cache_dir: Some(dir.path().to_path_buf()),
+            ..HostConfig::default()
+        };
+        let ours = Host::new(&config).unwrap().engine_hash();
+        let digest = "ab".repeat(32);
+        let other_engine = format!("{digest}-{:016x}.cwasm", ours.wrapping_add(1));
+        let this_engine = format!("{digest}-{ours:016x}.cwasm");
+        let not_ours = ["notes.txt", "x-0000000000000000.cwasm", "partial.cwasm.tmp"];
+        for name in not_ours
+            .iter()
+            .copied()
+            .chain([&*other_engine, &*this_engine])
+        {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        Host::new(&config).unwrap();
+        assert!(!dir.path().join(&other_engine).exists());
+        assert!(dir.path().join(&this_engine).exists());
+        for name in not_ours {
+            assert!(dir.path().join(name).exists(), "{name} was removed");
+        }
+    }
 }
