@@ -1793,13 +1793,7 @@ mod tests {
         // Ten objects of 600 KB: one page of a load or list (and the watch
         // event of deleting them in one transaction, which carries each
         // previous value) is 6 MB, past gRPC's default 4 MiB.
-        let big = |name: &str| {
-            let mut op = create(name);
-            if let Op::Create { value, .. } = &mut op {
-                value["pad"] = serde_json::json!("p".repeat(600_000));
-            }
-            op
-        };
+        let big = |name: &str| padded(name, 600_000);
         for n in 0..10 {
             a.commit(vec![big(&format!("o{n}"))]).await.expect("create");
         }
@@ -1849,19 +1843,12 @@ mod tests {
             return;
         };
         let store = open(&etcd, "/too-large/").await;
-        let sized = |name: &str, bytes: usize| {
-            let mut op = create(name);
-            if let Op::Create { value, .. } = &mut op {
-                value["pad"] = serde_json::json!("p".repeat(bytes));
-            }
-            op
-        };
         // Past gRPC's limit (1.5 MiB + 512 KiB), and between it and etcd's
         // own (1.5 MiB): each refused as too large, with the small commits
         // sent beside it written.
         for (name, bytes) in [("huge", 2_500_000), ("big", 1_700_000)] {
             let small = store.commit(vec![create(&format!("{name}-beside"))]);
-            let large = store.commit(vec![sized(name, bytes)]);
+            let large = store.commit(vec![padded(name, bytes)]);
             let (small, large) = tokio::join!(small, large);
             match large {
                 Err(e @ StoreError::TooLarge(_)) => {
@@ -1880,6 +1867,15 @@ mod tests {
             assert!(store.get(&key(name)).is_none());
         }
         assert_eq!(store.list(JOBS, None).0.len(), 2);
+    }
+
+    /// The create of `name` with `bytes` of padding.
+    fn padded(name: &str, bytes: usize) -> Op {
+        let mut op = create(name);
+        if let Op::Create { value, .. } = &mut op {
+            value["pad"] = serde_json::json!("p".repeat(bytes));
+        }
+        op
     }
 
     /// Waits until etcd has compacted `rv` (reading `prefix` at it fails
@@ -1922,11 +1918,11 @@ mod tests {
             .expect("open");
         // One object of 100 KB updated in a loop: a tenant's loop, written
         // well within the hour.
-        let mut big = create("big");
-        if let Op::Create { value, .. } = &mut big {
-            value["pad"] = serde_json::json!("p".repeat(100_000));
-        }
-        let first = store.commit(vec![big]).await.expect("create")[0].rv;
+        let first = store
+            .commit(vec![padded("big", 100_000)])
+            .await
+            .expect("create")[0]
+            .rv;
         let mut client = store.client();
         let mut last = first;
         // The compactor runs at once past 1 MiB, and compacts to what its
@@ -1974,11 +1970,9 @@ mod tests {
         .expect("open");
         let rv = off.commit(vec![create("x")]).await.expect("create")[0].rv;
         for n in 0..40 {
-            let mut pad = create(&format!("y{n}"));
-            if let Op::Create { value, .. } = &mut pad {
-                value["pad"] = serde_json::json!("p".repeat(100_000));
-            }
-            off.commit(vec![pad]).await.expect("create");
+            off.commit(vec![padded(&format!("y{n}"), 100_000)])
+                .await
+                .expect("create");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         let at = GetOptions::new().with_prefix().with_revision(etcd_rev(rv));
