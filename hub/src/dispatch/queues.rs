@@ -572,9 +572,22 @@ impl Dispatch {
         if changed {
             let (objects, _) = self.store.list(TRAINJOBS, None);
             for o in objects {
-                if !o.value["metadata"]["labels"][LABEL_QUEUE_NAME].is_null() {
-                    self.upsert(&o.value, None);
+                if o.value["metadata"]["labels"][LABEL_QUEUE_NAME].is_null() {
+                    continue;
                 }
+                // This also runs as a leader starts, before or while dispatch
+                // loads the TrainJobs: one it does not hold yet comes with
+                // its stored placement, as the load gives it, so its run is
+                // adopted and not queued (and stopped) as another's.
+                let key = job_key(&o.key.namespace, &o.key.name);
+                let placement = if lock(&self.state).knows(&key) {
+                    None
+                } else {
+                    o.value["metadata"]["uid"]
+                        .as_str()
+                        .and_then(|uid| self.stored_placement(&o.key.namespace, &o.key.name, uid))
+                };
+                self.upsert(&o.value, placement);
             }
         }
     }

@@ -1301,3 +1301,171 @@ async fn a_watch_from_a_compacted_revision_is_410_and_kubectl_listing_again_reco
     let _ = watch.kill();
     let _ = watch.wait();
 }
+
+/// A one-node TrainJob (the runtime's requests: 1 CPU) in LocalQueue
+/// `user-queue`, sleeping `seconds`.
+fn queued_job(name: &str, seconds: u32) -> String {
+    let mut job: Value = serde_json::from_str(&long_job(name, seconds)).unwrap();
+    job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "user-queue"});
+    job.to_string()
+}
+
+/// The TrainJobs `r` lists: (name, placed on a spoke, finished).
+fn placements(r: &Replica) -> Option<Vec<(String, bool, bool)>> {
+    let out = r.kubectl(&["get", "trainjobs", "-o", "json"]);
+    if !out.status.success() {
+        return None;
+    }
+    let list: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let finished = |j: &Value| {
+        j["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| {
+                (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"
+            })
+        })
+    };
+    Some(
+        list["items"]
+            .as_array()?
+            .iter()
+            .map(|j| {
+                (
+                    j["metadata"]["name"].as_str().unwrap_or_default().into(),
+                    j["metadata"]["annotations"]["trainhub.kubeflow.org/spoke"].is_string(),
+                    finished(j),
+                )
+            })
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queues_quota_holds_across_a_sigkilled_leader_and_what_waits_runs_once_quota_frees() {
+    let Some(mut ha) = Ha::start(2) else {
+        return;
+    };
+    let leader = ha.leader(Duration::from_secs(60)).await;
+    ha.spoke("spoke-a", &[0, 1]);
+    ha.spoke("spoke-b", &[1, 0]);
+    let follower = (0..2).find(|i| *i != leader).unwrap();
+    // Two CPUs of quota; the spokes have 128.
+    let queues = "apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: default-flavor
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: cluster-queue
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [cpu, memory]
+    flavors:
+    - name: default-flavor
+      resources:
+      - name: cpu
+        nominalQuota: 2
+      - name: memory
+        nominalQuota: 64Gi
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  name: user-queue
+  namespace: default
+spec:
+  clusterQueue: cluster-queue
+";
+    let out = ha.replicas[follower].kubectl_stdin(&["apply", "-f", "-"], queues);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = (1..=4).map(|i| format!("quota-{i}")).collect();
+    for name in &names {
+        let out =
+            ha.replicas[follower].kubectl_stdin(&["create", "-f", "-"], &queued_job(name, 15));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    wait_for(
+        "two TrainJobs placed within the quota, two waiting",
+        Duration::from_secs(60),
+        || ha.logs(),
+        || {
+            let jobs = placements(&ha.replicas[follower])?;
+            let placed = jobs.iter().filter(|(_, p, _)| *p).count();
+            (jobs.len() == 4 && placed == 2).then_some(())
+        },
+    )
+    .await;
+
+    // The leader dies while two hold the whole quota and two wait for it.
+    ha.replicas[leader].kill();
+    let new_leader = ha.leader(Duration::from_secs(30)).await;
+    assert_eq!(new_leader, follower);
+    // Until every TrainJob is finished, never more than the quota's two
+    // run at once: the new leader charges the runs it adopts before it
+    // admits what waits.
+    let survivor = &ha.replicas[new_leader];
+    let started = Instant::now();
+    let mut most = 0;
+    loop {
+        let Some(jobs) = placements(survivor) else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let now = jobs
+            .iter()
+            .filter(|(_, placed, done)| *placed && !done)
+            .count();
+        most = most.max(now);
+        assert!(
+            now <= 2,
+            "{now} TrainJobs run on a quota of 2: {jobs:?}\n{}",
+            ha.logs()
+        );
+        if jobs.len() == 4 && jobs.iter().all(|(_, _, done)| *done) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "not all finished: {jobs:?}\n{}",
+            ha.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(most, 2, "the quota was used whole");
+    all_complete(&ha, new_leader, &names, Duration::from_secs(10)).await;
+    // Each ran once: the runs adopted were not started again, nor stopped.
+    assert_placed_once(&ha, &names);
+    for s in &ha.spokes {
+        assert!(
+            !s.log().contains("stopping run="),
+            "no run stopped:\n{}",
+            ha.logs()
+        );
+    }
+    // The new leader's queue status says nothing is held any more.
+    wait_for(
+        "the ClusterQueue's status as the new leader publishes it",
+        Duration::from_secs(20),
+        || ha.logs(),
+        || {
+            let out = survivor.kubectl(&["get", "cq", "cluster-queue", "-o", "json"]);
+            let cq: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let n = |f: &str| cq["status"][f].as_i64().unwrap_or(-1);
+            (n("pendingWorkloads") == 0
+                && n("reservingWorkloads") == 0
+                && n("admittedWorkloads") == 0)
+                .then_some(())
+        },
+    )
+    .await;
+}

@@ -278,6 +278,11 @@ impl Dispatcher {
         Some(job.info.pod_sets.iter().map(|p| p.name.as_str()).collect())
     }
 
+    /// Whether the dispatcher holds the TrainJob `key`.
+    pub fn knows(&self, key: &JobKey) -> bool {
+        self.jobs.contains_key(key)
+    }
+
     /// The spoke a TrainJob is placed on, with the generation.
     pub fn placement(&self, key: &JobKey) -> Option<(&str, i64)> {
         let job = self.jobs.get(key)?;
