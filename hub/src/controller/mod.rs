@@ -69,7 +69,7 @@ async fn lifecycle_pass(store: &dyn Store) {
                     }
                 }
             }
-            event = watch.live.recv() => match event {
+            event = watch.live.recv_latest(|key, rv| store.revision_of(key) == Some(rv)) => match event {
                 Ok(event) => {
                     reconcile_key(store, &event.object.key, Some(&event.object), &mut timers).await
                 }

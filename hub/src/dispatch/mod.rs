@@ -645,8 +645,13 @@ impl Dispatch {
             self.on_event(&event);
         }
         self.loaded.send_replace(true);
+        // A TrainJob's state is what its latest version says: one changed
+        // again since (a lagging follower, a burst of writes) is skipped,
+        // undecoded, for the change that follows.
+        let store = self.store.clone();
+        let latest = move |key: &Key, rv| store.revision_of(key) == Some(rv);
         loop {
-            match watch.live.recv().await {
+            match watch.live.recv_latest(&latest).await {
                 Ok(event) => self.on_event(&event),
                 Err(_) => return,
             }

@@ -381,9 +381,25 @@ impl Live {
     /// `Lagged` when changes were lost to a full feed (the watch should
     /// end), `Closed` when the store has ended the feed (a relist).
     pub async fn recv(&mut self) -> Result<Arc<Event>, tokio::sync::broadcast::error::RecvError> {
+        self.recv_latest(|_, _| true).await
+    }
+
+    /// As [`Live::recv`], for a follower that acts only on an object's
+    /// latest version: a change to an object changed again since (its
+    /// `rv` is not what `latest` says the store holds now) is skipped
+    /// without being decoded, as its next change follows on this feed.
+    /// Deletions are always received. `latest` is typically
+    /// `|key, rv| store.revision_of(key) == Some(rv)`.
+    ///
+    /// # Errors
+    /// As [`Live::recv`].
+    pub async fn recv_latest(
+        &mut self,
+        latest: impl Fn(&Key, Rv) -> bool,
+    ) -> Result<Arc<Event>, tokio::sync::broadcast::error::RecvError> {
         loop {
             let change = self.rx.recv().await?;
-            match self.accept(&change) {
+            match self.accept(&change, &latest) {
                 Ok(Some(event)) => return Ok(event),
                 Ok(None) => {}
                 Err(Lost) => return Err(tokio::sync::broadcast::error::RecvError::Lagged(1)),
@@ -398,7 +414,7 @@ impl Live {
     pub fn try_recv(&mut self) -> Result<Arc<Event>, tokio::sync::broadcast::error::TryRecvError> {
         loop {
             let change = self.rx.try_recv()?;
-            match self.accept(&change) {
+            match self.accept(&change, &|_, _| true) {
                 Ok(Some(event)) => return Ok(event),
                 Ok(None) => {}
                 Err(Lost) => return Err(tokio::sync::broadcast::error::TryRecvError::Lagged(1)),
@@ -406,9 +422,14 @@ impl Live {
         }
     }
 
-    /// The event `change` is for this watch, if it is in its scope; `Lost`
-    /// when its object is no longer held (see [`LiveChange`]).
-    fn accept(&self, change: &LiveChange) -> Result<Option<Arc<Event>>, Lost> {
+    /// The event `change` is for this watch, if it is in its scope and
+    /// `latest` (see [`Live::recv_latest`]); `Lost` when its object is no
+    /// longer held (see [`LiveChange`]).
+    fn accept(
+        &self,
+        change: &LiveChange,
+        latest: &dyn Fn(&Key, Rv) -> bool,
+    ) -> Result<Option<Arc<Event>>, Lost> {
         let followed = self.resources.contains(&change.key.resource)
             || (change.kind == EventType::Deleted && self.deletions.contains(&change.key.resource));
         let in_scope = change.rv > self.after
@@ -417,7 +438,8 @@ impl Live {
                 .namespace
                 .as_deref()
                 .is_none_or(|ns| change.key.namespace == ns);
-        if !in_scope {
+        // A superseded change is skipped before it is decoded.
+        if !in_scope || (change.kind != EventType::Deleted && !latest(&change.key, change.rv)) {
             return Ok(None);
         }
         let mut decoded = change.decoded.lock().unwrap_or_else(|p| p.into_inner());

@@ -261,6 +261,60 @@ pub(crate) async fn watches_replay_then_follow(store: &dyn Store) {
     assert_eq!(store.list(JOBS, None).0.len(), 3);
 }
 
+/// A follower of latest versions skips, undecoded, a change to an object
+/// changed again since, and still gets every latest version and deletion.
+pub(crate) async fn a_follower_of_latest_versions_skips_superseded_changes(store: &dyn Store) {
+    let mut watch = store.watch(JOBS, Some("default"), None).expect("watch");
+    let update = |name: &str, n: i64| Op::Put {
+        key: key(name),
+        value: json!({"metadata": {"name": name, "namespace": "default"}, "n": n}),
+    };
+    store.commit(vec![create("a")]).await.expect("a");
+    store.commit(vec![update("a", 1)]).await.expect("a again");
+    let b = store.commit(vec![create("b")]).await.expect("b")[0].rv;
+    let a = store.commit(vec![update("a", 2)]).await.expect("a last")[0].rv;
+    let gone = store
+        .commit(vec![Op::Remove { key: key("b") }])
+        .await
+        .expect("remove b")[0]
+        .rv;
+    // Received after all were written: a's first two versions and b's
+    // creation were superseded by then (b is gone), so they are skipped;
+    // a's last version and b's deletion are received; then c, written
+    // after, shows nothing else was waiting.
+    let c = store.commit(vec![create("c")]).await.expect("c")[0].rv;
+    let mut seen = Vec::new();
+    while seen
+        .last()
+        .is_none_or(|(_, name, _, _): &(EventType, String, Rv, Option<i64>)| name != "c")
+    {
+        let event = tokio::time::timeout(
+            Duration::from_secs(10),
+            watch
+                .live
+                .recv_latest(|k, rv| store.revision_of(k) == Some(rv)),
+        )
+        .await
+        .expect("an event within 10 s")
+        .expect("the live feed is open");
+        seen.push((
+            event.kind,
+            event.object.key.name.clone(),
+            event.object.rv,
+            event.object.value["n"].as_i64(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (EventType::Modified, "a".to_string(), a, Some(2)),
+            (EventType::Deleted, "b".to_string(), gone, None),
+            (EventType::Added, "c".to_string(), c, None),
+        ],
+        "b was created at {b}"
+    );
+}
+
 /// `compact` makes every resourceVersion before the latest too old.
 pub(crate) async fn a_compacted_version_is_gone<F, Fut>(store: &dyn Store, compact: F)
 where
@@ -506,6 +560,7 @@ where
     a_refused_commit_hands_its_operations_back(&*open().await).await;
     put_and_remove_are_unconditional(&*open().await).await;
     watches_replay_then_follow(&*open().await).await;
+    a_follower_of_latest_versions_skips_superseded_changes(&*open().await).await;
     values_read_back_exactly(&*open().await).await;
     keys_that_would_read_back_as_others_are_refused(&*open().await).await;
     concurrent_commits_each_get_their_own_answer(&*open().await).await;
