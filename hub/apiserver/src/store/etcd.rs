@@ -441,10 +441,13 @@ impl EtcdStore {
         let mut compares = Vec::new();
         let mut writes = Vec::with_capacity(ops.len());
         let mut reads = Vec::with_capacity(ops.len());
-        let mut bytes = 0;
+        let (mut bytes, mut reply_bytes) = (0, 0);
         for op in ops {
             let k = self.etcd_key(op.key());
             bytes += k.len();
+            if matches!(op, Op::Delete { .. } | Op::Remove { .. }) {
+                reply_bytes += self.cache.stored(op.key()).map_or(0, |s| s.bytes.len());
+            }
             match op {
                 Op::Create { value, .. } => {
                     compares.push(Compare::create_revision(k.clone(), CompareOp::Equal, 0));
@@ -484,6 +487,7 @@ impl EtcdStore {
             writes,
             reads,
             bytes,
+            reply_bytes,
         })
     }
 
@@ -611,6 +615,12 @@ const MERGED_OPS: usize = 127;
 /// Bytes of keys and values merged into one transaction, under etcd's
 /// default `--max-request-bytes` (1.5 MiB).
 const MERGED_BYTES: usize = 1 << 20;
+/// Bytes of deleted objects (a deletion's answer carries the object)
+/// merged into one transaction's answer, well under what the hub reads
+/// ([`MAX_RESPONSE`]): deletions are small to send and their answers are
+/// not, so 127 of large objects merged would be an answer too large to
+/// read, failing every commit in it though etcd wrote them.
+const MERGED_REPLY_BYTES: usize = MAX_RESPONSE / 4;
 
 /// What a commit gets back from the committer: the stored objects, and the
 /// revision to wait for when it wrote.
@@ -625,6 +635,9 @@ struct Parts {
     reads: Vec<TxnOp>,
     /// Its keys and values.
     bytes: usize,
+    /// What its answer carries: the objects it deletes, as the cache
+    /// holds them.
+    reply_bytes: usize,
 }
 
 /// A commit's answer: what it stored and the revision, or why it was
@@ -694,7 +707,8 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
     let mut keys: std::collections::HashSet<Key> =
         first.ops.iter().map(|op| op.key().clone()).collect();
     let mut blocked: std::collections::HashSet<Key> = std::collections::HashSet::new();
-    let (mut ops, mut bytes) = (first.ops.len(), first.parts.bytes);
+    let (mut ops, mut bytes, mut reply) =
+        (first.ops.len(), first.parts.bytes, first.parts.reply_bytes);
     let mut batch = vec![first];
     let mut i = 0;
     while i < waiting.len() && ops < MERGED_OPS {
@@ -702,6 +716,7 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
         let fits = p.term == batch[0].term
             && ops + p.ops.len() <= MERGED_OPS
             && bytes + p.parts.bytes <= MERGED_BYTES
+            && reply + p.parts.reply_bytes <= MERGED_REPLY_BYTES
             && p.ops
                 .iter()
                 .all(|op| !keys.contains(op.key()) && !blocked.contains(op.key()));
@@ -713,6 +728,7 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
         if let Some(p) = waiting.remove(i) {
             ops += p.ops.len();
             bytes += p.parts.bytes;
+            reply += p.parts.reply_bytes;
             keys.extend(p.ops.iter().map(|op| op.key().clone()));
             batch.push(p);
         }
@@ -1870,6 +1886,39 @@ mod tests {
     }
 
     /// The create of `name` with `bytes` of padding.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deletions_of_many_large_objects_at_once_each_get_their_answer() {
+        let Some((_dir, etcd)) = cluster(1) else {
+            return;
+        };
+        let store = open(&etcd, "/deletions/").await;
+        // 80 objects of 1 MB. Their deletions, sent at once, are small
+        // enough to merge into one transaction, whose answer (each deleted
+        // object) would be 80 MB, past what the hub reads.
+        for n in 0..80 {
+            store
+                .commit(vec![padded(&format!("o{n}"), 1_000_000)])
+                .await
+                .expect("create");
+        }
+        let deletions = (0..80).map(|n| {
+            store.commit(vec![Op::Remove {
+                key: key(&format!("o{n}")),
+            }])
+        });
+        let answers = futures_util::future::join_all(deletions).await;
+        for (n, answer) in answers.into_iter().enumerate() {
+            let deleted = answer.unwrap_or_else(|e| panic!("deleting o{n}: {e}"));
+            assert_eq!(deleted.len(), 1, "o{n}: the deleted object");
+            assert_eq!(
+                deleted[0].value["pad"].as_str().map(str::len),
+                Some(1_000_000),
+                "o{n} as it was"
+            );
+        }
+        assert!(store.list(JOBS, None).0.is_empty());
+    }
+
     fn padded(name: &str, bytes: usize) -> Op {
         let mut op = create(name);
         if let Op::Create { value, .. } = &mut op {
