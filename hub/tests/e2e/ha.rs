@@ -1302,14 +1302,6 @@ async fn a_watch_from_a_compacted_revision_is_410_and_kubectl_listing_again_reco
     let _ = watch.wait();
 }
 
-/// A one-node TrainJob (the runtime's requests: 1 CPU) in LocalQueue
-/// `user-queue`, sleeping `seconds`.
-fn queued_job(name: &str, seconds: u32) -> String {
-    let mut job: Value = serde_json::from_str(&long_job(name, seconds)).unwrap();
-    job["metadata"]["labels"] = json!({"kueue.x-k8s.io/queue-name": "user-queue"});
-    job.to_string()
-}
-
 /// The TrainJobs `r` lists: (name, placed on a spoke, finished).
 fn placements(r: &Replica) -> Option<Vec<(String, bool, bool)>> {
     let out = r.kubectl(&["get", "trainjobs", "-o", "json"]);
@@ -1349,36 +1341,8 @@ async fn a_queues_quota_holds_across_a_sigkilled_leader_and_what_waits_runs_once
     ha.spoke("spoke-b", &[1, 0]);
     let follower = (0..2).find(|i| *i != leader).unwrap();
     // Two CPUs of quota; the spokes have 128.
-    let queues = "apiVersion: kueue.x-k8s.io/v1beta2
-kind: ResourceFlavor
-metadata:
-  name: default-flavor
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: ClusterQueue
-metadata:
-  name: cluster-queue
-spec:
-  namespaceSelector: {}
-  resourceGroups:
-  - coveredResources: [cpu, memory]
-    flavors:
-    - name: default-flavor
-      resources:
-      - name: cpu
-        nominalQuota: 2
-      - name: memory
-        nominalQuota: 64Gi
----
-apiVersion: kueue.x-k8s.io/v1beta2
-kind: LocalQueue
-metadata:
-  name: user-queue
-  namespace: default
-spec:
-  clusterQueue: cluster-queue
-";
-    let out = ha.replicas[follower].kubectl_stdin(&["apply", "-f", "-"], queues);
+    let queues = crate::quotas::queues("2", "");
+    let out = ha.replicas[follower].kubectl_stdin(&["apply", "-f", "-"], &queues);
     assert!(
         out.status.success(),
         "{}",
@@ -1386,8 +1350,10 @@ spec:
     );
     let names: Vec<String> = (1..=4).map(|i| format!("quota-{i}")).collect();
     for name in &names {
-        let out =
-            ha.replicas[follower].kubectl_stdin(&["create", "-f", "-"], &queued_job(name, 15));
+        let out = ha.replicas[follower].kubectl_stdin(
+            &["create", "-f", "-"],
+            &crate::quotas::trainjob(name, 15, None),
+        );
         assert!(
             out.status.success(),
             "{}",

@@ -12,7 +12,7 @@ use crate::common::{DevHub, eventually};
 /// A default flavor, a ClusterQueue `cluster-queue` of `cpu` CPUs (memory
 /// plenty) with `extra` spec lines, and LocalQueue `user-queue` in
 /// `default` for it.
-fn queues(cpu: &str, extra: &str) -> String {
+pub(crate) fn queues(cpu: &str, extra: &str) -> String {
     format!(
         "apiVersion: kueue.x-k8s.io/v1beta2\nkind: ResourceFlavor\nmetadata:\n  name: default-flavor\n---\n{}",
         cluster_queue_as("cluster-queue", "user-queue", cpu, None, extra)
@@ -21,7 +21,7 @@ fn queues(cpu: &str, extra: &str) -> String {
 
 /// A one-node TrainJob (1 CPU, 512Mi: the runtime's requests) in
 /// `user-queue`, sleeping `seconds`.
-fn trainjob(name: &str, seconds: u32, priority_class: Option<&str>) -> String {
+pub(crate) fn trainjob(name: &str, seconds: u32, priority_class: Option<&str>) -> String {
     let class = priority_class
         .map(|c| format!("    kueue.x-k8s.io/priority-class: {c}\n"))
         .unwrap_or_default();
