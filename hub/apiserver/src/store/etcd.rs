@@ -1181,7 +1181,7 @@ impl Store for EtcdStore {
     }
 
     fn revision_of(&self, key: &Key) -> Option<Rv> {
-        self.cache.stored(key).map(|s| s.rv)
+        self.cache.revision_of(key)
     }
 
     fn get_raw(&self, key: &Key) -> Option<(Rv, Arc<[u8]>)> {
