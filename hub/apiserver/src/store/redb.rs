@@ -9,6 +9,10 @@
 //!   writer thread, the single serialisation point, so they are exact.
 //! - The resourceVersion counter and the watch history are stored in the same
 //!   transaction as the objects, so both survive restarts.
+//! - A change is written once, as an event; the objects table takes an
+//!   object only when the events table lets go of its last change, so the
+//!   state is the objects table with the events after it applied (see
+//!   `persist` and `load`).
 //! - A commit that fails on the file (a full disk, a failed fsync) is
 //!   refused, and the file is opened again for the next one (redb refuses
 //!   every write after an I/O error until then): once the disk has room
@@ -212,34 +216,46 @@ fn load(db: &Database, history_cap: usize, history_budget: usize) -> Result<Cach
         };
         objects.insert(key, stored);
     }
+    // The objects table holds each object as of the last change the
+    // events table let go of it (see `persist`); the events since are the
+    // rest, applied in order.
+    let events = read.open_table(EVENTS).map_err(storage)?;
+    for entry in events.iter().map_err(storage)? {
+        let (rv, bytes) = entry.map_err(storage)?;
+        let (kind, key, object) = event_parts(rv.value(), bytes.value())?;
+        match kind {
+            EventType::Deleted => {
+                objects.remove(&key);
+            }
+            _ => {
+                let stored = Stored {
+                    rv: rv.value(),
+                    bytes: object.as_ref().into(),
+                };
+                objects.insert(key, stored);
+            }
+        }
+    }
     // The newest events first, as many as the history keeps.
     let mut history = VecDeque::new();
     let mut history_bytes = 0;
-    for entry in read
-        .open_table(EVENTS)
-        .map_err(storage)?
-        .iter()
-        .map_err(storage)?
-        .rev()
-    {
+    for entry in events.iter().map_err(storage)?.rev() {
         if history.len() >= history_cap || history_bytes > history_budget {
             break;
         }
         let (rv, bytes) = entry.map_err(storage)?;
-        let event = decode_event(rv.value(), bytes.value())?;
-        let key = event.object.key;
+        let rv = rv.value();
+        let (kind, key, object) = event_parts(rv, bytes.value())?;
         // The latest event of an object shares the object's bytes.
         let bytes = match objects.get(&key) {
-            Some(stored) if stored.rv == event.object.rv => stored.bytes.clone(),
-            _ => serde_json::to_vec(&*event.object.value)
-                .map_err(storage)?
-                .into(),
+            Some(stored) if stored.rv == rv => stored.bytes.clone(),
+            _ => object.as_ref().into(),
         };
         history_bytes += bytes.len();
         history.push_front(Change {
-            kind: event.kind,
+            kind,
             key,
-            rv: event.object.rv,
+            rv,
             bytes,
             value: None,
         });
@@ -262,19 +278,54 @@ fn object_rv(value: &Value) -> Rv {
 }
 
 /// `{"type": ..., "key": ..., "object": ...}` around the object's JSON,
-/// which the caller has already encoded for the objects table.
-fn encode_event(event: &Event, object_json: &[u8]) -> Result<Vec<u8>, StoreError> {
-    let key = serde_json::to_string(&event.object.key.encode()).map_err(storage)?;
-    let kind = event.kind.as_str();
-    let mut out = Vec::with_capacity(object_json.len() + key.len() + 40);
+/// which the caller has already encoded.
+fn encode_event(kind: EventType, key: &Key, object_json: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let mut out = event_head(kind, key)?;
+    out.reserve(object_json.len() + 1);
+    out.extend_from_slice(object_json);
+    out.push(b'}');
+    Ok(out)
+}
+
+/// What an event record holds before its object's JSON.
+fn event_head(kind: EventType, key: &Key) -> Result<Vec<u8>, StoreError> {
+    let key = serde_json::to_string(&key.encode()).map_err(storage)?;
+    let kind = kind.as_str();
+    let mut out = Vec::with_capacity(key.len() + 40);
     out.extend_from_slice(br#"{"type":""#);
     out.extend_from_slice(kind.as_bytes());
     out.extend_from_slice(br#"","key":"#);
     out.extend_from_slice(key.as_bytes());
     out.extend_from_slice(br#","object":"#);
-    out.extend_from_slice(object_json);
-    out.push(b'}');
     Ok(out)
+}
+
+/// An event record's kind, key and object JSON, read without decoding the
+/// object (a record written as [`encode_event`] writes it), else decoded
+/// and the object encoded again.
+fn event_parts(
+    rv: Rv,
+    bytes: &[u8],
+) -> Result<(EventType, Key, std::borrow::Cow<'_, [u8]>), StoreError> {
+    let head = || -> Option<(EventType, Key, &[u8])> {
+        let rest = bytes.strip_prefix(br#"{"type":""#)?;
+        let kind = [EventType::Added, EventType::Modified, EventType::Deleted]
+            .into_iter()
+            .find(|k| rest.starts_with(k.as_str().as_bytes()))?;
+        let rest = rest[kind.as_str().len()..].strip_prefix(br#"","key":"#)?;
+        let mut strings = serde_json::Deserializer::from_slice(rest).into_iter::<String>();
+        let key = Key::decode(&strings.next()?.ok()?)?;
+        let object = rest[strings.byte_offset()..]
+            .strip_prefix(br#","object":"#)?
+            .strip_suffix(b"}")?;
+        Some((kind, key, object))
+    };
+    if let Some((kind, key, object)) = head() {
+        return Ok((kind, key, object.into()));
+    }
+    let event = decode_event(rv, bytes)?;
+    let object = serde_json::to_vec(&*event.object.value).map_err(storage)?;
+    Ok((event.kind, event.object.key, object.into()))
 }
 
 fn decode_event(rv: Rv, bytes: &[u8]) -> Result<Event, StoreError> {
@@ -338,9 +389,9 @@ fn write_loop(
         } else {
             let served = cache.revision();
             let floor = cache.history_floor();
-            let committed = db
-                .get(served)
-                .and_then(|db| persist(db, &outcomes, rv, history, floor));
+            let committed = db.get(served).and_then(|db| {
+                persist(db, &outcomes, rv, history, floor, |k| cache.revision_of(k))
+            });
             if committed.is_err() {
                 db.failed();
             }
@@ -563,43 +614,75 @@ fn stage(
 /// Writes the staged events, and forgets those at or below `floor` (which
 /// the cache's history no longer holds) or beyond the newest `history`;
 /// returns each event's object JSON, in order.
+///
+/// A change is written once, as its event: the objects table is written
+/// only as events are forgotten, with the objects whose forgotten change
+/// is still their latest (and without those a forgotten change deleted).
+/// So an object written again while its last change is in the history (a
+/// TrainJob's status, a pod's phase) costs one B-tree write, not two; the
+/// objects table and the events after it are the state (see [`load`]).
+/// `latest`: an object's revision in the cache, before this batch.
 fn persist(
     db: &Database,
     outcomes: &[Result<Staged, (StoreError, Vec<Op>)>],
     rv: Rv,
     history: usize,
     floor: Rv,
+    latest: impl Fn(&Key) -> Option<Rv>,
 ) -> Result<Vec<Arc<[u8]>>, StoreError> {
     let mut encoded = Vec::new();
+    // What this batch leaves of the objects it writes.
+    let mut written: std::collections::HashMap<&Key, Option<Rv>> = std::collections::HashMap::new();
     let txn = db.begin_write().map_err(storage)?;
     {
-        let mut objects = txn.open_table(OBJECTS).map_err(storage)?;
         let mut events = txn.open_table(EVENTS).map_err(storage)?;
         for staged in outcomes.iter().flatten() {
             for event in &staged.events {
-                let key = event.object.key.encode();
                 let object_json = serde_json::to_vec(&*event.object.value).map_err(storage)?;
-                match event.kind {
-                    EventType::Deleted => {
-                        objects.remove(key.as_str()).map_err(storage)?;
-                    }
-                    _ => {
-                        objects
-                            .insert(key.as_str(), object_json.as_slice())
-                            .map_err(storage)?;
-                    }
-                }
-                let bytes = encode_event(event, &object_json)?;
+                let bytes = encode_event(event.kind, &event.object.key, &object_json)?;
                 events
                     .insert(event.object.rv, bytes.as_slice())
                     .map_err(storage)?;
+                let kept = (event.kind != EventType::Deleted).then_some(event.object.rv);
+                written.insert(&event.object.key, kept);
                 encoded.push(object_json.into());
             }
         }
-        // Keep the newest `history` events, and none the cache dropped.
+        // Keep the newest `history` events, and none the cache dropped;
+        // what the forgotten ones leave goes into the objects table.
         let floor = rv.saturating_sub(history as u64).max(floor);
         if floor > 0 {
-            events.retain_in(..=floor, |_, _| false).map_err(storage)?;
+            let latest = |key: &Key| match written.get(key) {
+                Some(kept) => *kept,
+                None => latest(key),
+            };
+            let mut settled: Vec<(Key, Option<Vec<u8>>)> = Vec::new();
+            let mut failed = None;
+            events
+                .retain_in(..=floor, |at, bytes| {
+                    match event_parts(at, bytes) {
+                        Ok((EventType::Deleted, key, _)) => settled.push((key, None)),
+                        Ok((_, key, object)) if latest(&key) == Some(at) => {
+                            settled.push((key, Some(object.into_owned())));
+                        }
+                        Ok(_) => {}
+                        Err(e) => failed = Some(e),
+                    }
+                    false
+                })
+                .map_err(storage)?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let mut objects = txn.open_table(OBJECTS).map_err(storage)?;
+            for (key, object) in settled {
+                let key = key.encode();
+                match object {
+                    Some(json) => objects.insert(key.as_str(), json.as_slice()),
+                    None => objects.remove(key.as_str()),
+                }
+                .map_err(storage)?;
+            }
         }
         txn.open_table(META)
             .map_err(storage)?
@@ -616,7 +699,7 @@ impl Store for RedbStore {
     }
 
     fn revision_of(&self, key: &Key) -> Option<Rv> {
-        self.cache.stored(key).map(|s| s.rv)
+        self.cache.revision_of(key)
     }
 
     fn get_raw(&self, key: &Key) -> Option<(Rv, Arc<[u8]>)> {
@@ -1162,5 +1245,145 @@ mod tests {
             store.get(&key("big")).expect("stored").value["metadata"]["labels"]["i"],
             "29"
         );
+    }
+
+    /// One step of a history of writes: a commit of puts and removes (of
+    /// keys `k0`..`k3`), or the store closed and opened again.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Commit(Vec<(u8, Option<i64>)>),
+        Reopen,
+    }
+
+    fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+        use proptest::prelude::*;
+        let write = (0u8..4, prop::option::weighted(0.75, 0i64..1000));
+        let step = prop_oneof![
+            8 => prop::collection::vec(write, 1..4).prop_map(Step::Commit),
+            1 => Just(Step::Reopen),
+        ];
+        prop::collection::vec(step, 1..40)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Whatever the history keeps (one change or a thousand), a store
+        /// opened again holds exactly what was committed: the objects table,
+        /// written only as changes leave the history, and the changes since.
+        #[test]
+        fn a_reopened_store_holds_what_was_committed_whatever_the_history_keeps(
+            history in proptest::sample::select(vec![1usize, 2, 5, 1000]),
+            steps in steps(),
+        ) {
+            use proptest::prelude::*;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("s.redb");
+            let mut store = RedbStore::open(&path, history).expect("open");
+            let mut model: BTreeMap<String, i64> = BTreeMap::new();
+            let held = |store: &RedbStore| -> BTreeMap<String, i64> {
+                store
+                    .list("trainer.kubeflow.org/trainjobs", None)
+                    .0
+                    .into_iter()
+                    .map(|o| (o.key.name.clone(), o.value["spec"]["v"].as_i64().unwrap_or(-1)))
+                    .collect()
+            };
+            for step in steps {
+                match step {
+                    Step::Commit(writes) => {
+                        // One op per key and commit, the last one kept.
+                        let mut ops: BTreeMap<u8, Option<i64>> = BTreeMap::new();
+                        ops.extend(writes);
+                        let ops: Vec<Op> = ops
+                            .into_iter()
+                            .map(|(k, v)| {
+                                let name = format!("k{k}");
+                                match v {
+                                    Some(v) => {
+                                        model.insert(name.clone(), v);
+                                        let mut value = job(&name);
+                                        value["spec"] = serde_json::json!({"v": v});
+                                        Op::Put { key: key(&name), value }
+                                    }
+                                    None => {
+                                        model.remove(&name);
+                                        Op::Remove { key: key(&name) }
+                                    }
+                                }
+                            })
+                            .collect();
+                        runtime.block_on(store.commit(ops)).expect("commit");
+                    }
+                    Step::Reopen => {
+                        let rv = store.revision();
+                        drop(store);
+                        store = RedbStore::open(&path, history).expect("reopen");
+                        prop_assert_eq!(store.revision(), rv);
+                    }
+                }
+                prop_assert_eq!(held(&store), model.clone());
+            }
+            let rv = store.revision();
+            drop(store);
+            let store = RedbStore::open(&path, history).expect("reopen");
+            prop_assert_eq!(store.revision(), rv);
+            prop_assert_eq!(held(&store), model);
+        }
+    }
+
+    /// A file written before the objects table was written lazily (every
+    /// change written to both tables) reads back the same.
+    #[test]
+    fn a_file_with_every_object_in_its_objects_table_reads_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        {
+            let db = open_file(&path).expect("create");
+            let txn = db.begin_write().expect("txn");
+            {
+                let mut objects = txn.open_table(OBJECTS).expect("objects");
+                let mut events = txn.open_table(EVENTS).expect("events");
+                let mut write = |rv: Rv, kind: EventType, name: &str, v: i64| {
+                    let mut value = job(name);
+                    value["spec"] = serde_json::json!({"v": v});
+                    set_rv(&mut value, rv);
+                    let json = serde_json::to_vec(&value).expect("json");
+                    let k = key(name);
+                    match kind {
+                        EventType::Deleted => objects.remove(k.encode().as_str()).map(drop),
+                        _ => objects
+                            .insert(k.encode().as_str(), json.as_slice())
+                            .map(drop),
+                    }
+                    .expect("object");
+                    let event = encode_event(kind, &k, &json).expect("event");
+                    events.insert(rv, event.as_slice()).expect("event");
+                };
+                write(1, EventType::Added, "a", 1);
+                write(2, EventType::Added, "b", 2);
+                write(3, EventType::Modified, "a", 3);
+                write(4, EventType::Deleted, "b", 2);
+            }
+            txn.open_table(META)
+                .expect("meta")
+                .insert(META_RV, 4)
+                .expect("rv");
+            txn.commit().expect("commit");
+        }
+        let store = RedbStore::open(&path, 1000).expect("open");
+        assert_eq!(store.revision(), 4);
+        let a = store.get(&key("a")).expect("a");
+        assert_eq!((a.rv, a.value["spec"]["v"].as_i64()), (3, Some(3)));
+        assert!(store.get(&key("b")).is_none());
+        let replay = store
+            .watch("trainer.kubeflow.org/trainjobs", None, Some(0))
+            .expect("watch")
+            .replay;
+        assert_eq!(replay.len(), 4);
     }
 }
