@@ -294,9 +294,13 @@ impl Cache {
             change.value = None;
             // A change the source reports late (below a revision it said was
             // complete) still lands in revision order.
-            let at = s.history.partition_point(|c| c.rv <= change.rv);
             s.history_bytes += change.bytes.len();
-            s.history.insert(at, change);
+            if s.history.back().is_none_or(|last| last.rv <= change.rv) {
+                s.history.push_back(change);
+            } else {
+                let at = s.history.partition_point(|c| c.rv <= change.rv);
+                s.history.insert(at, change);
+            }
         }
         s.trim_history(self.history_cap, self.history_budget);
         drop(kept);
