@@ -218,6 +218,134 @@ async fn a_lost_spoke_is_replaced_and_its_stale_run_stopped_when_it_returns() {
     );
 }
 
+/// The counts of a ClusterQueue's status: pending, reserving, admitted.
+fn queue_counts(hub: &DevHub) -> Option<(i64, i64, i64)> {
+    let out = hub.kubectl(&["get", "cq", "cluster-queue", "-o", "json"]);
+    let cq: Value = serde_json::from_slice(&out.stdout).ok()?;
+    let n = |f: &str| cq["status"][f].as_i64();
+    Some((
+        n("pendingWorkloads")?,
+        n("reservingWorkloads")?,
+        n("admittedWorkloads")?,
+    ))
+}
+
+/// A spoke lost while its runs hold the whole quota: after the worker-lost
+/// timeout they are requeued and placed again within the quota (their
+/// reservation released, never counted twice, the TrainJob that waited
+/// still waiting), and the stale runs are stopped when the spoke returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_spokes_quota_trainjobs_are_placed_again_within_the_quota() {
+    let grpc = free_port();
+    let port = grpc.to_string();
+    let hub = DevHub::start_args(
+        &[
+            "--spokes",
+            "0",
+            "--grpc-port",
+            &port,
+            "--worker-lost-timeout-seconds",
+            "3",
+        ],
+        |_| {},
+    );
+    let ca = hub.ca();
+    let mut a = TestSpoke::new(&ca, "spoke-a", grpc);
+    let mut b = TestSpoke::new(&ca, "spoke-b", grpc);
+    a.config.fence_after = Duration::from_secs(2);
+    b.config.fence_after = Duration::from_secs(2);
+    a.connect();
+    // Two CPUs of quota; each TrainJob asks for one.
+    let queues = crate::quotas::queues("2", "");
+    let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(&queues));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["q1", "q2"] {
+        let job = crate::quotas::trainjob(name, 3600, None);
+        let out = hub.kubectl_stdin(&["create", "-f", "-"], Some(&job));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    eventually(
+        "both runs on spoke-a",
+        &hub,
+        Duration::from_secs(30),
+        || (a.held().len() == 2).then_some(()),
+    )
+    .await;
+    b.connect();
+    let job = crate::quotas::trainjob("q3", 3600, None);
+    let out = hub.kubectl_stdin(&["create", "-f", "-"], Some(&job));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually(
+        "q3 waiting for quota",
+        &hub,
+        Duration::from_secs(30),
+        || (queue_counts(&hub) == Some((1, 2, 2))).then_some(()),
+    )
+    .await;
+    assert!(b.held().is_empty(), "q3 ran over the quota: {:?}", b.held());
+
+    // spoke-a goes dark with both runs: after the lost timeout two of the
+    // three run on spoke-b, never three.
+    a.disconnect();
+    let cut = Instant::now();
+    loop {
+        let on_b = b.held();
+        assert!(
+            on_b.len() <= 2,
+            "{} runs on a quota of 2: {on_b:?}",
+            on_b.len()
+        );
+        if on_b.len() == 2 && queue_counts(&hub) == Some((1, 2, 2)) {
+            break;
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(60),
+            "not placed again: on spoke-b {on_b:?}, queue {:?}\n{}",
+            queue_counts(&hub),
+            hub.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cut.elapsed() >= Duration::from_secs(2),
+        "requeued before the worker-lost timeout: {:?}",
+        cut.elapsed()
+    );
+    // Each run on spoke-b is a new generation or the TrainJob that waited.
+    let q3 = uid_of(&hub, "q3");
+    for run in b.held() {
+        assert!(
+            run == format!("{q3}.1") || run.ends_with(".2"),
+            "{run} on spoke-b"
+        );
+    }
+
+    // spoke-a returns still running both: stopped, the quota unchanged.
+    a.connect();
+    eventually(
+        "spoke-a's stale runs stopped",
+        &hub,
+        Duration::from_secs(30),
+        || a.held().is_empty().then_some(()),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(b.held().len(), 2, "{:?}", b.held());
+    assert_eq!(queue_counts(&hub), Some((1, 2, 2)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_reports_and_certificates_from_another_ca_are_refused() {
     let grpc = free_port();
