@@ -135,8 +135,10 @@ fn uid_of(hub: &DevHub, job: &str) -> String {
     hub.kubectl_ok(&["get", "trainjob", job, "-o", "jsonpath={.metadata.uid}"])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_spoke_is_replaced_and_its_stale_run_stopped_when_it_returns() {
+/// `trainhub dev` with no spokes of its own and a worker-lost timeout of
+/// 3 s, and two spokes for it (not connected), spoke-a and spoke-b, that
+/// fence themselves after 2 s (below the timeout, as the hub requires).
+fn hub_losing_spokes_after_3s() -> (DevHub, TestSpoke, TestSpoke) {
     let grpc = free_port();
     let port = grpc.to_string();
     let hub = DevHub::start_args(
@@ -153,9 +155,14 @@ async fn a_lost_spoke_is_replaced_and_its_stale_run_stopped_when_it_returns() {
     let ca = hub.ca();
     let mut a = TestSpoke::new(&ca, "spoke-a", grpc);
     let mut b = TestSpoke::new(&ca, "spoke-b", grpc);
-    // Below the worker-lost timeout, as the hub requires.
     a.config.fence_after = Duration::from_secs(2);
     b.config.fence_after = Duration::from_secs(2);
+    (hub, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_spoke_is_replaced_and_its_stale_run_stopped_when_it_returns() {
+    let (hub, mut a, mut b) = hub_losing_spokes_after_3s();
     a.connect();
     hub.kubectl_stdin(&["apply", "-f", "-"], Some(&trainjob_yaml("lost", None)));
     let first = eventually("the run on spoke-a", &hub, Duration::from_secs(30), || {
@@ -236,24 +243,7 @@ fn queue_counts(hub: &DevHub) -> Option<(i64, i64, i64)> {
 /// still waiting), and the stale runs are stopped when the spoke returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_spokes_quota_trainjobs_are_placed_again_within_the_quota() {
-    let grpc = free_port();
-    let port = grpc.to_string();
-    let hub = DevHub::start_args(
-        &[
-            "--spokes",
-            "0",
-            "--grpc-port",
-            &port,
-            "--worker-lost-timeout-seconds",
-            "3",
-        ],
-        |_| {},
-    );
-    let ca = hub.ca();
-    let mut a = TestSpoke::new(&ca, "spoke-a", grpc);
-    let mut b = TestSpoke::new(&ca, "spoke-b", grpc);
-    a.config.fence_after = Duration::from_secs(2);
-    b.config.fence_after = Duration::from_secs(2);
+    let (hub, mut a, mut b) = hub_losing_spokes_after_3s();
     a.connect();
     // Two CPUs of quota; each TrainJob asks for one.
     let queues = crate::quotas::queues("2", "");
