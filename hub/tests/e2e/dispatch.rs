@@ -247,20 +247,9 @@ async fn a_lost_spokes_quota_trainjobs_are_placed_again_within_the_quota() {
     a.connect();
     // Two CPUs of quota; each TrainJob asks for one.
     let queues = crate::quotas::queues("2", "");
-    let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(&queues));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::quotas::apply(&hub, &queues);
     for name in ["q1", "q2"] {
-        let job = crate::quotas::trainjob(name, 3600, None);
-        let out = hub.kubectl_stdin(&["create", "-f", "-"], Some(&job));
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        crate::quotas::apply(&hub, &crate::quotas::trainjob(name, 3600, None));
     }
     eventually(
         "both runs on spoke-a",
@@ -270,13 +259,7 @@ async fn a_lost_spokes_quota_trainjobs_are_placed_again_within_the_quota() {
     )
     .await;
     b.connect();
-    let job = crate::quotas::trainjob("q3", 3600, None);
-    let out = hub.kubectl_stdin(&["create", "-f", "-"], Some(&job));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::quotas::apply(&hub, &crate::quotas::trainjob("q3", 3600, None));
     eventually(
         "q3 waiting for quota",
         &hub,

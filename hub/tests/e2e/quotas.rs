@@ -43,7 +43,7 @@ metadata:
     )
 }
 
-fn apply(hub: &DevHub, yaml: &str) {
+pub(crate) fn apply(hub: &DevHub, yaml: &str) {
     let out = hub.kubectl_stdin(&["apply", "-f", "-"], Some(yaml));
     assert!(
         out.status.success(),
